@@ -56,6 +56,15 @@ int sl_err_prefix(sl_err *err, const char *fmt, ...)
     return err->code;
 }
 
+size_t sl_strlcpy(char *dst, const char *src, size_t cap)
+{
+    size_t n = strlen(src);
+    size_t m = n < cap - 1 ? n : cap - 1;
+    memcpy(dst, src, m);
+    dst[m] = '\0';
+    return n;
+}
+
 const char *sl_status_name(int code)
 {
     switch (code) {

@@ -42,6 +42,10 @@ int sl_err_errno(sl_err *err, int code, int errnum, const char *fmt, ...)
 /* Prefixes the message already in err with more context ("shard 2: ..."). */
 int sl_err_prefix(sl_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Copies src into dst[cap] (cap > 0), cut to fit and always NUL-terminated;
+ * returns strlen(src). For messages moved between fixed-size buffers. */
+size_t sl_strlcpy(char *dst, const char *src, size_t cap);
+
 /* Short name of a status code ("SL_EFORMAT"). */
 const char *sl_status_name(int code);
 

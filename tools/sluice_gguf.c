@@ -140,7 +140,7 @@ static int read_tensor(const sl_gguf *g, const sl_gguf_tensor *t, uint64_t off, 
 }
 
 /* Rows of tensor t that fit in one chunk (at least one). */
-static uint64_t rows_per_chunk(const sl_gguf_tensor *t, uint64_t row_bytes)
+static uint64_t rows_per_chunk(uint64_t row_bytes)
 {
     uint64_t r = CHUNK_BYTES / row_bytes;
     return r ? r : 1;
@@ -159,7 +159,7 @@ static int decode_tensor(const sl_gguf *g, const sl_gguf_tensor *t, row_sink sin
                           qi->name);
     uint64_t row_bytes = sl_qtype_row_bytes(t->type, t->ne[0]);
     uint64_t n_rows = t->n_bytes / row_bytes;
-    uint64_t per = rows_per_chunk(t, row_bytes);
+    uint64_t per = rows_per_chunk(row_bytes);
     uint8_t *raw = malloc(per * row_bytes);
     float *vals = malloc(per * t->ne[0] * sizeof(float));
     int rc = 0;

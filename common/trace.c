@@ -1,0 +1,142 @@
+/* trace.c - the span ring and its Chrome trace JSON writer. */
+#include "trace.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+struct sl_trace {
+    char process[64];
+    uint32_t pid;
+    pthread_mutex_t lock;
+    sl_span *ring; /* [capacity] */
+    uint32_t capacity;
+    uint64_t written; /* spans ever recorded */
+};
+
+uint64_t sl_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int sl_trace_open(sl_trace **out, const char *process, uint32_t capacity, sl_err *err)
+{
+    *out = NULL;
+    if (capacity == 0) return sl_err_set(err, SL_EINVAL, "trace: capacity must be > 0");
+    sl_trace *t = calloc(1, sizeof *t);
+    if (!t) return sl_err_set(err, SL_ENOMEM, "trace: out of memory");
+    t->ring = calloc(capacity, sizeof *t->ring);
+    if (!t->ring) {
+        free(t);
+        return sl_err_set(err, SL_ENOMEM, "trace: out of memory for %u spans", capacity);
+    }
+    snprintf(t->process, sizeof t->process, "%s", process);
+    t->pid = (uint32_t)getpid();
+    t->capacity = capacity;
+    pthread_mutex_init(&t->lock, NULL);
+    *out = t;
+    return 0;
+}
+
+void sl_trace_close(sl_trace **pt)
+{
+    if (!pt || !*pt) return;
+    pthread_mutex_destroy(&(*pt)->lock);
+    free((*pt)->ring);
+    free(*pt);
+    *pt = NULL;
+}
+
+void sl_trace_add(sl_trace *t, const char *name, int32_t layer, int32_t expert, uint64_t bytes,
+                  uint64_t start_ns, uint64_t end_ns)
+{
+    if (!t) return;
+    sl_span s = {.tid = (uint32_t)syscall(SYS_gettid),
+                 .layer = layer,
+                 .expert = expert,
+                 .bytes = bytes,
+                 .start_ns = start_ns,
+                 .end_ns = end_ns};
+    snprintf(s.name, sizeof s.name, "%s", name);
+    pthread_mutex_lock(&t->lock);
+    t->ring[t->written % t->capacity] = s;
+    t->written++;
+    pthread_mutex_unlock(&t->lock);
+}
+
+uint64_t sl_trace_count(const sl_trace *t)
+{
+    return t->written < t->capacity ? t->written : t->capacity;
+}
+
+uint64_t sl_trace_dropped(const sl_trace *t)
+{
+    return t->written > t->capacity ? t->written - t->capacity : 0;
+}
+
+/* Writes s as a JSON string body (names are ours, but escape anyway). */
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+int sl_trace_write_json(const sl_trace *t, const char *path, sl_err *err)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return sl_err_errno(err, SL_EIO, errno, "fopen(%s)", tmp);
+    sl_trace *mt = (sl_trace *)t; /* the lock is the only thing touched */
+    pthread_mutex_lock(&mt->lock);
+    uint64_t n = sl_trace_count(t), first = t->written - n;
+    fprintf(f, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
+    fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%u,\"tid\":0,\"args\":{\"name\":",
+            t->pid);
+    json_str(f, t->process);
+    fprintf(f, "}}");
+    for (uint64_t i = 0; i < n; i++) {
+        const sl_span *s = &t->ring[(first + i) % t->capacity];
+        fprintf(f, ",\n{\"ph\":\"X\",\"name\":");
+        json_str(f, s->name);
+        fprintf(f, ",\"pid\":%u,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,\"args\":{", t->pid, s->tid,
+                (double)s->start_ns / 1e3,
+                (double)(s->end_ns > s->start_ns ? s->end_ns - s->start_ns : 0) / 1e3);
+        int comma = 0;
+        if (s->layer >= 0) comma = fprintf(f, "\"layer\":%d", s->layer) > 0;
+        if (s->expert >= 0) comma = fprintf(f, "%s\"expert\":%d", comma ? "," : "", s->expert) > 0;
+        if (s->bytes) fprintf(f, "%s\"bytes\":%" PRIu64, comma ? "," : "", s->bytes);
+        fprintf(f, "}}");
+    }
+    fprintf(f, "\n]}\n");
+    pthread_mutex_unlock(&mt->lock);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        int e = errno;
+        unlink(tmp);
+        return sl_err_errno(err, SL_EIO, e, "writing trace %s", tmp);
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return sl_err_errno(err, SL_EIO, e, "rename(%s, %s)", tmp, path);
+    }
+    return 0;
+}

@@ -1,0 +1,69 @@
+/* test_trace.c - the span ring and its Chrome trace JSON. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "trace.h"
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
+    s[n] = '\0';
+    fclose(f);
+    return s;
+}
+
+static int count(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p++) n++;
+    return n;
+}
+
+Test(trace, writes_chrome_json_and_keeps_the_newest)
+{
+    sl_trace *t = NULL;
+    sl_err err = {0};
+    cr_assert_eq(sl_trace_open(&t, "sluice-\"test\"", 4, &err), 0, "%s", err.msg);
+    uint64_t t0 = sl_now_ns();
+    for (int i = 0; i < 6; i++)
+        sl_trace_add(t, i < 2 ? "old" : "read", i, 10 + i, 1000u * (uint64_t)i, t0 + 1000u * i,
+                     t0 + 1000u * i + 500);
+    cr_assert_eq(sl_trace_count(t), 4);
+    cr_assert_eq(sl_trace_dropped(t), 2);
+    char path[] = "/tmp/sl-trace-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    cr_assert_eq(sl_trace_write_json(t, path, &err), 0, "%s", err.msg);
+    char *s = slurp(path);
+    cr_assert(strncmp(s, "{\"displayTimeUnit\"", 18) == 0);
+    cr_assert_eq(count(s, "\"ph\":\"X\""), 4);
+    cr_assert_eq(count(s, "\"old\""), 0, "the two oldest spans were overwritten");
+    cr_assert(strstr(s, "\"layer\":5,\"expert\":15,\"bytes\":5000"), "%s", s);
+    cr_assert(strstr(s, "sluice-\\\"test\\\""), "names are escaped: %s", s);
+    cr_assert(strstr(s, "\"dur\":0.500"), "%s", s);
+    free(s);
+    unlink(path);
+    sl_trace_add(NULL, "ignored", 0, 0, 0, 0, 0); /* tracing off is a no-op */
+    sl_trace_close(&t);
+    cr_assert_null(t);
+}
+
+Test(trace, unwritable_path_is_an_error)
+{
+    sl_trace *t = NULL;
+    sl_err err = {0};
+    cr_assert_eq(sl_trace_open(&t, "p", 8, &err), 0);
+    cr_assert_eq(sl_trace_write_json(t, "/nonexistent-dir/x.json", &err), SL_EIO);
+    cr_assert(strstr(err.msg, "/nonexistent-dir/x.json.tmp"), "%s", err.msg);
+    sl_trace_close(&t);
+}
