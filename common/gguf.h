@@ -25,22 +25,22 @@
 
 #include "err.h"
 
-#define SL_GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
-#define SL_GGUF_VERSION 3
+#define SL_GGUF_MAGIC             0x46554747u /* "GGUF" little-endian */
+#define SL_GGUF_VERSION           3
 #define SL_GGUF_DEFAULT_ALIGNMENT 32
-#define SL_GGUF_MAX_DIMS 4
-#define SL_GGUF_MAX_SHARDS 9999
+#define SL_GGUF_MAX_DIMS          4
+#define SL_GGUF_MAX_SHARDS        9999
 /* Everything before the data section of one file must fit in this many bytes (the
  * largest real header, a tokenizer-bearing shard 0, is ~6 MB). It bounds what a
- * corrupt length field can make the reader allocate: at most ~3x this. */
-#define SL_GGUF_MAX_HEADER_BYTES (256ull << 20)
+ * corrupt length field can make the reader allocate: at most ~6x this. */
+#define SL_GGUF_MAX_HEADER_BYTES (64ull << 20)
 
 /* Keys of llama.cpp split checkpoints (gguf-split): split.no is 0-based (u16 in
  * llama.cpp files; any integer type is accepted), split.count the number of shards
  * (u16), split.tensors.count the tensors of all shards together (i32). */
-#define SL_GGUF_KEY_ALIGNMENT "general.alignment"
-#define SL_GGUF_KEY_SPLIT_NO "split.no"
-#define SL_GGUF_KEY_SPLIT_COUNT "split.count"
+#define SL_GGUF_KEY_ALIGNMENT     "general.alignment"
+#define SL_GGUF_KEY_SPLIT_NO      "split.no"
+#define SL_GGUF_KEY_SPLIT_COUNT   "split.count"
 #define SL_GGUF_KEY_SPLIT_TENSORS "split.tensors.count"
 
 /* Metadata value types, as stored in the file. */
@@ -99,17 +99,17 @@ typedef struct sl_gguf_tensor {
 /* One opened file. */
 typedef struct sl_gguf_shard {
     char *path;
-    int fd;               /* opened O_RDONLY | O_CLOEXEC, owned */
-    uint64_t file_bytes;  /* size when opened */
-    uint32_t version;     /* 3 */
-    uint64_t alignment;   /* general.alignment or 32 */
-    uint64_t data_offset; /* start of the tensor data section */
+    int fd;                /* opened O_RDONLY | O_CLOEXEC, owned */
+    uint64_t file_bytes;   /* size when opened */
+    uint32_t version;      /* 3 */
+    uint64_t alignment;    /* general.alignment or 32 */
+    uint64_t data_offset;  /* start of the tensor data section */
     uint64_t header_bytes; /* bytes of header up to the end of the tensor infos */
-    sl_gguf_kv *kv;       /* [n_kv] in file order */
+    sl_gguf_kv *kv;        /* [n_kv] in file order */
     uint64_t n_kv;
     uint64_t first_tensor; /* this shard's tensors are tensors[first..first+n) */
     uint64_t n_tensor;
-    void *mem;             /* internal: the arena holding kv, strings and names */
+    void *mem; /* internal: the arena holding kv, strings and names */
 } sl_gguf_shard;
 
 /* An opened checkpoint: one or more shards. */
@@ -169,15 +169,15 @@ int sl_gguf_get_str(const sl_gguf *g, const char *key, const char **out, sl_err 
 /* An integer array converted to int64 (caller passes room for max entries; *n gets
  * the count, also when it is more than max). SL_EFORMAT when it is not an integer
  * array, an element does not fit int64, or it has more than max entries. */
-int sl_gguf_get_arr_i64(const sl_gguf *g, const char *key, int64_t *out, uint64_t max,
-                        uint64_t *n, sl_err *err);
+int sl_gguf_get_arr_i64(const sl_gguf *g, const char *key, int64_t *out, uint64_t max, uint64_t *n,
+                        sl_err *err);
 
 /* "u32", "string", "array" ...; "?" for ids past SL_GGUF_TYPE_COUNT. */
 const char *sl_gguf_type_name(uint32_t type);
 
-/* Prints kv's value (not its key, no newline) to f: scalars in full (floats with
- * enough digits to read back), strings quoted and escaped, cut after 256 bytes with
- * "... (N bytes)", arrays as [n x type] and their first 8 values, then "...". */
+/* Prints "key = value" (no newline) to f: scalars in full (floats with enough
+ * digits to read back), strings quoted and escaped, cut after 256 bytes with
+ * "... (N bytes)", arrays as "[n x type]" and their first 8 values, then "...". */
 void sl_gguf_print_kv(FILE *f, const sl_gguf_kv *kv);
 
 /* ---- writer ---- */
@@ -210,8 +210,8 @@ int sl_gguf_writer_set_bool(sl_gguf_writer *w, const char *key, int v);
 int sl_gguf_writer_set_str(sl_gguf_writer *w, const char *key, const char *v);
 /* An array of n numbers of elem_type (packed at the type's width, bools one byte
  * each), copied. elem_type STRING or ARRAY is SL_EINVAL (nested arrays). */
-int sl_gguf_writer_set_arr(sl_gguf_writer *w, const char *key, uint32_t elem_type,
-                           const void *data, uint64_t n);
+int sl_gguf_writer_set_arr(sl_gguf_writer *w, const char *key, uint32_t elem_type, const void *data,
+                           uint64_t n);
 /* An array of n NUL-terminated strings, copied. */
 int sl_gguf_writer_set_arr_str(sl_gguf_writer *w, const char *key, const char *const *strs,
                                uint64_t n);

@@ -318,24 +318,25 @@ static int size_arena(sl_fetcher *f, sl_err *err)
         n = f->opt.arena_bytes / slot;
     else
         n = (usable / 2) / slot;
-    if (n > most) n = most;
     char a[32], b[32], c[32];
-    if (n < least) {
-        fmt_bytes(a, sizeof a, (uint64_t)least * slot);
-        return sl_err_set(err, SL_EINVAL,
-                          "arena of %" PRIu64 " slots is too small: one token touches %u experts "
-                          "(%u layers x %u), so at least %u slots (%s) are needed",
-                          n, least, m->n_layer, f->n_expert_used, least, a);
-    }
-    uint64_t bytes = sl_arena_bytes(m->n_layer, m->n_expert, (uint32_t)n, slot);
-    if (have_mem && bytes > usable) {
-        fmt_bytes(a, sizeof a, bytes);
+    /* The request itself must fit, even when more than the model would be clamped. */
+    uint64_t asked = f->opt.arena_bytes ? f->opt.arena_bytes : n * slot;
+    if (have_mem && asked > usable) {
+        fmt_bytes(a, sizeof a, asked);
         fmt_bytes(b, sizeof b, avail);
         fmt_bytes(c, sizeof c, reserve);
         return sl_err_set(err, SL_ENOSPACE,
                           "arena of %s does not fit: %s of memory is available and %s stays "
                           "reserved for the rest of the machine (ask for less with --arena)",
                           a, b, c);
+    }
+    if (n > most) n = most;
+    if (n < least) {
+        fmt_bytes(a, sizeof a, (uint64_t)least * slot);
+        return sl_err_set(err, SL_EINVAL,
+                          "arena of %" PRIu64 " slots is too small: one token touches %u experts "
+                          "(%u layers x %u), so at least %u slots (%s) are needed",
+                          n, least, m->n_layer, f->n_expert_used, least, a);
     }
     f->n_slot = (uint32_t)n;
     return 0;
@@ -853,6 +854,12 @@ static void handle_frame(sl_fetcher *f, const uint8_t *id, size_t id_len, const 
         return;
     }
     if (m.type == SL_PROTO_PING) {
+        if (ci < 0) {
+            /* A peer we do not know: most likely a client of a fetcher that died, whose
+             * socket reconnected to us on its own. A PONG would hide that. */
+            send_error(f, id, id_len, 0, SL_PROTO_ERR_NOT_READY, "say HELLO first");
+            return;
+        }
         sl_proto_msg p;
         memset(&p, 0, sizeof p);
         p.type = SL_PROTO_PONG;
@@ -971,7 +978,8 @@ static void check_clients(sl_fetcher *f, uint64_t now)
 {
     for (int i = 0; i < SL_FETCHER_MAX_CLIENTS; i++) {
         client *c = &f->clients[i];
-        if (c->used && now - c->last_ns > (uint64_t)SL_FETCHER_CLIENT_TIMEOUT_MS * 1000000ull)
+        if (c->used && now > c->last_ns &&
+            now - c->last_ns > (uint64_t)SL_FETCHER_CLIENT_TIMEOUT_MS * 1000000ull)
             drop_client(f, i, "went silent: dropped");
     }
 }
@@ -1033,7 +1041,7 @@ int sl_fetcher_run(sl_fetcher *f, volatile sig_atomic_t *stop, volatile sig_atom
                 handle_frame(f, id, (size_t)idn, copy, (size_t)len);
             }
         }
-        check_clients(f, now);
+        check_clients(f, sl_now_ns());
     }
     return 0;
 }

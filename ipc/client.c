@@ -123,6 +123,11 @@ static int recv_any(sl_fetch_client *c, sl_proto_msg *out, uint32_t timeout_ms, 
             continue;
         }
         if (out->type == SL_PROTO_PONG) continue;
+        if (out->type == SL_PROTO_ERROR && out->error.code == SL_PROTO_ERR_NOT_READY)
+            return sl_err_set(err, SL_EPEER,
+                              "the fetcher at %s does not know this client (it "
+                              "restarted?): %s",
+                              c->endpoint, out->error.text);
         if (out->type == SL_PROTO_PING) {
             sl_proto_msg p;
             memset(&p, 0, sizeof p);
@@ -339,7 +344,16 @@ static int get_once(sl_fetch_client *c, uint32_t layer, const uint32_t *experts,
             return sl_err_set(err, r.error.code == SL_PROTO_ERR_IO ? SL_EIO : SL_EPEER,
                               "fetcher refused layer %u: %s: %s", layer,
                               sl_proto_err_name(r.error.code), r.error.text);
-        if (r.type != SL_PROTO_READY || r.ready.req != m.fetch.req) continue;
+        if (r.type == SL_PROTO_READY && r.ready.req != m.fetch.req) {
+            /* The answer to a request given up earlier: its pin is not wanted. */
+            sl_fetch_pin stray = {.slot = r.ready.slot,
+                                  .generation = (uint32_t)r.ready.generation,
+                                  .from_fetcher = 1,
+                                  .epoch = epoch};
+            release_fetcher_pins(c, &stray, 1);
+            continue;
+        }
+        if (r.type != SL_PROTO_READY) continue;
         for (uint32_t i = 0; i < n; i++) {
             if (have[i] || experts[i] != r.ready.expert || r.ready.layer != layer) continue;
             pins[i] = (sl_fetch_pin){.layer = layer,

@@ -3,8 +3,8 @@
  *
  * Every expert the client is given is compared with an independent pread of the
  * shard at the offsets the test's own slice map gives. Each test writes its
- * checkpoint with its own seed, so fingerprints, arena names and endpoints never
- * collide between tests running in parallel.
+ * checkpoint with its own seed (mixed with the pid), so fingerprints, arena names and
+ * endpoints never collide between tests running in parallel.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,6 +43,8 @@ static void rig_model(rig *r, uint64_t seed, uint32_t shards)
     sl_model_config cfg;
     sl_err err = {0};
     cr_assert_eq(sl_model_config_preset(&cfg, "tiny", &err), 0, "%s", err.msg);
+    /* The pid keeps fingerprints apart when two test runs share the machine. */
+    seed = seed * 1000003u + (uint64_t)getpid();
     cr_assert_eq(sl_synth_write(&cfg, r->dir, shards, seed, NULL, NULL, NULL, &err), 0, "%s",
                  err.msg);
     snprintf(r->model, sizeof r->model, "%s/%s-00001-of-%05u.gguf", r->dir, cfg.name, shards);
@@ -76,6 +79,8 @@ static pid_t start_fetcher(rig *r, const char *slots, ...)
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
+        /* A failed assertion ends the test process: take the fetcher with it. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         int fd = open(r->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (fd >= 0) {
             dup2(fd, 2);
@@ -165,12 +170,29 @@ static void pick(uint64_t *s, uint32_t n_expert, uint32_t *out, uint32_t n)
     }
 }
 
+/* The last lines of the fetcher's log, for failure messages. */
+static const char *log_tail(rig *r)
+{
+    static char buf[2048];
+    buf[0] = '\0';
+    FILE *f = fopen(r->log, "r");
+    if (!f) return buf;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f), from = n > (long)sizeof buf - 1 ? n - (long)sizeof buf + 1 : 0;
+    fseek(f, from, SEEK_SET);
+    size_t got = fread(buf, 1, sizeof buf - 1, f);
+    buf[got] = '\0';
+    fclose(f);
+    return buf;
+}
+
 static void get_check_put(rig *r, sl_fetch_client *c, uint32_t layer, const uint32_t *ex,
                           uint32_t n)
 {
     sl_fetch_pin pins[SL_PROTO_FETCH_MAX];
     sl_err err = {0};
-    cr_assert_eq(sl_fetch_client_get(c, layer, ex, n, pins, 20000, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_fetch_client_get(c, layer, ex, n, pins, 20000, &err), 0, "%s\nfetcher log:\n%s",
+                 err.msg, log_tail(r));
     for (uint32_t i = 0; i < n; i++) {
         cr_assert_eq(pins[i].layer, layer);
         cr_assert_eq(pins[i].expert, ex[i]);
@@ -346,6 +368,7 @@ Test(fetcher, bad_budgets_and_a_second_fetcher_are_refused, .timeout = 60)
         fflush(NULL);
         pid = fork();
         if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
             int fd = open(r.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
             dup2(fd, 2);
             execv(argv[0], (char *const *)argv);
@@ -378,6 +401,7 @@ Test(fetcher, bad_budgets_and_a_second_fetcher_are_refused, .timeout = 60)
     fflush(NULL);
     pid = fork();
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         int fd = open(r.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
         dup2(fd, 2);
         execv(argv2[0], (char *const *)argv2);

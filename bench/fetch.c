@@ -1,0 +1,322 @@
+/* fetch.c - `bench-fetch`: how close the fetcher comes to the disk and to the
+ * socket.
+ *
+ *   1. ceiling: raw O_DIRECT preads of expert-sized aligned windows at the experts'
+ *      own offsets, by N threads, straight from the shards (no fetcher);
+ *   2. cold reads through the fetcher: FETCH every expert of the checkpoint once
+ *      (none resident), N readers, as many requests in flight as the readers can
+ *      take, and time the bytes until the last READY;
+ *   3. hit round trip: FETCH of one resident expert -> READY (source hit), timed
+ *      one at a time on ipc://, p50 / p99 / max.
+ *
+ * It starts the real sluice-fetcher (from the folder this program lives in), drives
+ * it with the real client, and prints a markdown table with the command line.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client.h"
+#include "expert_map.h"
+#include "gguf.h"
+#include "proto.h"
+#include "trace.h"
+
+typedef struct bench_opts {
+    const char *model;
+    uint32_t readers;
+    uint32_t ceiling_reads; /* expert windows read for the ceiling */
+    uint32_t rtt_samples;
+    const char *fetcher_bin;
+    const char *out; /* markdown file, or NULL */
+} bench_opts;
+
+static void die(const char *what, const sl_err *e)
+{
+    fprintf(stderr, "bench-fetch: %s: %s\n", what, e ? e->msg : strerror(errno));
+    exit(1);
+}
+
+/* ---- 1. the disk's own ceiling ---- */
+
+typedef struct ceiling_job {
+    const sl_gguf *g;
+    const sl_expert_map *m;
+    int *fds;
+    uint32_t next; /* shared counter, atomically taken */
+    uint32_t total;
+    uint64_t bytes;
+    pthread_mutex_t lock;
+    size_t buf_bytes;
+} ceiling_job;
+
+static void *ceiling_thread(void *v)
+{
+    ceiling_job *j = v;
+    void *buf = NULL;
+    if (posix_memalign(&buf, 4096, j->buf_bytes)) return NULL;
+    uint64_t mine = 0;
+    for (;;) {
+        uint32_t i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (i >= j->total) break;
+        /* Expert i in layer-major order (the same set the fetcher reads cold). */
+        uint32_t layer = i / j->m->n_expert, expert = i % j->m->n_expert;
+        for (int p = 0; p < SL_EXPERT_N_PART; p++) {
+            const sl_expert_slice *s = sl_expert_map_slice(j->m, layer, expert, p);
+            sl_expert_window w = sl_expert_window_of(s, SL_SLOT_ALIGN);
+            uint64_t got = 0;
+            while (got < w.bytes) {
+                ssize_t n = pread(j->fds[s->shard], (uint8_t *)buf + got, w.bytes - got,
+                                  (off_t)(w.offset + got));
+                if (n < 0 && errno == EINTR) continue;
+                if (n <= 0) break;
+                got += (uint64_t)n;
+            }
+            mine += got;
+        }
+    }
+    free(buf);
+    pthread_mutex_lock(&j->lock);
+    j->bytes += mine;
+    pthread_mutex_unlock(&j->lock);
+    return NULL;
+}
+
+static double measure_ceiling(const sl_gguf *g, const sl_expert_map *m, uint32_t threads,
+                              uint32_t first, uint32_t count, uint64_t *bytes_out)
+{
+    ceiling_job j = {.g = g, .m = m, .next = first, .total = first + count};
+    pthread_mutex_init(&j.lock, NULL);
+    j.fds = calloc(g->n_shards, sizeof(int));
+    for (uint32_t s = 0; s < g->n_shards; s++) {
+        j.fds[s] = open(g->shards[s].path, O_RDONLY | O_DIRECT);
+        if (j.fds[s] < 0)
+            die("open O_DIRECT (the ceiling needs a file system with O_DIRECT)", NULL);
+    }
+    j.buf_bytes = m->layout.part_capacity[SL_EXPERT_DOWN];
+    pthread_t *t = calloc(threads, sizeof *t);
+    uint64_t t0 = sl_now_ns();
+    for (uint32_t i = 0; i < threads; i++) pthread_create(&t[i], NULL, ceiling_thread, &j);
+    for (uint32_t i = 0; i < threads; i++) pthread_join(t[i], NULL);
+    uint64_t dt = sl_now_ns() - t0;
+    for (uint32_t s = 0; s < g->n_shards; s++) close(j.fds[s]);
+    free(j.fds);
+    free(t);
+    *bytes_out = j.bytes;
+    return (double)j.bytes / ((double)dt / 1e9);
+}
+
+/* ---- the fetcher process ---- */
+
+static pid_t start_fetcher(const bench_opts *o, const char *endpoint, uint32_t slots)
+{
+    char slots_s[16], readers_s[16];
+    snprintf(slots_s, sizeof slots_s, "%u", slots);
+    snprintf(readers_s, sizeof readers_s, "%u", o->readers);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl(o->fetcher_bin, o->fetcher_bin, "-m", o->model, "--endpoint", endpoint,
+              "--arena-slots", slots_s, "--readers", readers_s, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+    bench_opts o = {.readers = 16, .ceiling_reads = 0, .rtt_samples = 20000};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-m") && i + 1 < argc)
+            o.model = argv[++i];
+        else if (!strcmp(argv[i], "--readers") && i + 1 < argc)
+            o.readers = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--samples") && i + 1 < argc)
+            o.rtt_samples = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            o.out = argv[++i];
+        else {
+            fprintf(stderr,
+                    "usage: bench-fetch -m FIRST_SHARD [--readers N] [--samples N] [--out FILE]\n"
+                    "Measures cold expert reads through sluice-fetcher against the raw O_DIRECT\n"
+                    "ceiling of the same disk, and the FETCH->READY round trip of hits.\n");
+            return 2;
+        }
+    }
+    if (!o.model || !o.readers) {
+        fprintf(stderr, "bench-fetch: -m FIRST_SHARD is required\n");
+        return 2;
+    }
+    char self[PATH_MAX], bin[PATH_MAX + 32];
+    ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sn < 0) die("readlink(/proc/self/exe)", NULL);
+    self[sn] = '\0';
+    *strrchr(self, '/') = '\0';
+    snprintf(bin, sizeof bin, "%s/sluice-fetcher", self);
+    o.fetcher_bin = bin;
+
+    sl_err err = {0};
+    sl_gguf *g = NULL;
+    sl_expert_map *m = NULL;
+    if (sl_gguf_open(&g, o.model, &err)) die("open model", &err);
+    if (sl_expert_map_build(&m, g, SL_SLOT_ALIGN, &err)) die("expert map", &err);
+    uint32_t n_all = m->n_layer * m->n_expert;
+    uint64_t expert_bytes = m->part_bytes[0] + m->part_bytes[1] + m->part_bytes[2];
+    printf("model: %s: %u layers x %u experts, %.2f MiB per expert, %.2f GB of experts\n", o.model,
+           m->n_layer, m->n_expert, (double)expert_bytes / (1 << 20),
+           (double)expert_bytes * n_all / 1e9);
+
+    /* The ceiling reads the first half of the experts, the fetcher the second half,
+     * so neither finds the other's blocks in any cache. Same threads, same sizes. */
+    uint32_t half = n_all / 2;
+    uint64_t ceil_bytes = 0;
+    double ceiling = measure_ceiling(g, m, o.readers, 0, half, &ceil_bytes);
+    printf("ceiling: raw O_DIRECT pread, %u threads, %u experts: %.3f GB/s\n", o.readers, half,
+           ceiling / 1e9);
+
+    char dir[] = "/tmp/sl-bench-fetch-XXXXXX", endpoint[128];
+    if (!mkdtemp(dir)) die("mkdtemp", NULL);
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/f.sock", dir);
+    uint32_t slots = n_all - half + 8;
+    pid_t pid = start_fetcher(&o, endpoint, slots);
+    sl_fetch_client_options co;
+    sl_fetch_client_options_default(&co, endpoint);
+    co.connect_ms = 120000; /* locking a large arena takes a while */
+    sl_fetch_client *c = NULL;
+    if (sl_fetch_client_open(&c, &co, &err)) die("connect to fetcher", &err);
+
+    /* 2. cold reads: all experts of the second half, up to `window` in flight. */
+    uint32_t window = o.readers * 2, sent = 0, done = 0;
+    uint64_t t0 = sl_now_ns(), bytes = 0, req = 1;
+    sl_proto_msg msg;
+    uint8_t frame[SL_PROTO_FRAME_MAX];
+    size_t len;
+    sl_proto_msg rel;
+    memset(&rel, 0, sizeof rel);
+    rel.type = SL_PROTO_RELEASE;
+    rel.release.arena_epoch = sl_fetch_client_welcome(c)->arena_epoch;
+    while (done < n_all - half) {
+        while (sent < n_all - half && sent - done < window) {
+            uint32_t i = half + sent;
+            memset(&msg, 0, sizeof msg);
+            msg.type = SL_PROTO_FETCH;
+            msg.fetch.req = req++;
+            msg.fetch.layer = i / m->n_expert;
+            msg.fetch.n_expert = 1;
+            msg.fetch.expert[0] = i % m->n_expert;
+            msg.fetch.priority = SL_PROTO_DEMAND;
+            if (sl_proto_encode(&msg, frame, sizeof frame, &len, &err)) die("encode", &err);
+            if (sl_fetch_client_send_raw(c, frame, len, &err)) die("send FETCH", &err);
+            sent++;
+        }
+        sl_proto_msg r;
+        if (sl_fetch_client_recv(c, &r, 60000, &err)) die("waiting for READY", &err);
+        if (r.type == SL_PROTO_ERROR) {
+            fprintf(stderr, "bench-fetch: fetcher error: %s\n", r.error.text);
+            return 1;
+        }
+        if (r.type != SL_PROTO_READY) continue;
+        done++;
+        bytes += expert_bytes;
+        rel.release.slot[rel.release.n_slot].slot = r.ready.slot;
+        rel.release.slot[rel.release.n_slot].generation = r.ready.generation;
+        if (++rel.release.n_slot == SL_PROTO_RELEASE_MAX) {
+            if (sl_proto_encode(&rel, frame, sizeof frame, &len, &err)) die("encode", &err);
+            sl_fetch_client_send_raw(c, frame, len, &err);
+            rel.release.n_slot = 0;
+        }
+    }
+    double cold = (double)bytes / ((double)(sl_now_ns() - t0) / 1e9);
+    if (rel.release.n_slot) {
+        if (sl_proto_encode(&rel, frame, sizeof frame, &len, &err)) die("encode", &err);
+        sl_fetch_client_send_raw(c, frame, len, &err);
+    }
+    sl_proto_stats_reply st;
+    if (sl_fetch_client_stats(c, &st, 5000, &err)) die("STATS", &err);
+    printf("fetcher: cold reads of %u experts: %.3f GB/s (%.2fx the ceiling)\n", n_all - half,
+           cold / 1e9, cold / ceiling);
+
+    /* 3. hit round trips: one resident expert, FETCH -> READY (hit) -> RELEASE. */
+    uint64_t *rtt = calloc(o.rtt_samples, sizeof *rtt);
+    for (uint32_t k = 0; k < o.rtt_samples; k++) {
+        uint32_t i = half + (k % (n_all - half));
+        memset(&msg, 0, sizeof msg);
+        msg.type = SL_PROTO_FETCH;
+        msg.fetch.req = req++;
+        msg.fetch.layer = i / m->n_expert;
+        msg.fetch.n_expert = 1;
+        msg.fetch.expert[0] = i % m->n_expert;
+        if (sl_proto_encode(&msg, frame, sizeof frame, &len, &err)) die("encode", &err);
+        uint64_t a = sl_now_ns();
+        if (sl_fetch_client_send_raw(c, frame, len, &err)) die("send", &err);
+        sl_proto_msg r;
+        do {
+            if (sl_fetch_client_recv(c, &r, 5000, &err)) die("waiting for hit", &err);
+        } while (r.type != SL_PROTO_READY);
+        rtt[k] = sl_now_ns() - a;
+        if (r.ready.source != SL_PROTO_SRC_HIT) {
+            fprintf(stderr, "bench-fetch: expected a hit, got a disk read\n");
+            return 1;
+        }
+        rel.release.n_slot = 1;
+        rel.release.slot[0].slot = r.ready.slot;
+        rel.release.slot[0].generation = r.ready.generation;
+        if (sl_proto_encode(&rel, frame, sizeof frame, &len, &err)) die("encode", &err);
+        sl_fetch_client_send_raw(c, frame, len, &err);
+    }
+    qsort(rtt, o.rtt_samples, sizeof *rtt, cmp_u64);
+    double p50 = (double)rtt[o.rtt_samples / 2] / 1e3;
+    double p99 = (double)rtt[(uint64_t)o.rtt_samples * 99 / 100] / 1e3;
+    double mx = (double)rtt[o.rtt_samples - 1] / 1e3;
+    printf("hit round trip FETCH->READY on ipc://, %u samples: p50 %.1f us, p99 %.1f us, max %.1f "
+           "us\n",
+           o.rtt_samples, p50, p99, mx);
+
+    sl_fetch_client_close(&c);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {
+    }
+
+    FILE *out = o.out ? fopen(o.out, "w") : NULL;
+    FILE *fs[2] = {stdout, out};
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fs[k];
+        if (!f) continue;
+        fprintf(f, "\n| measure | value | ceiling / target | ratio |\n|---|---|---|---|\n");
+        fprintf(f,
+                "| cold expert reads via fetcher (%u readers) | %.3f GB/s | %.3f GB/s raw "
+                "O_DIRECT pread, %u threads | %.2fx (target >= 0.9x) |\n",
+                o.readers, cold / 1e9, ceiling / 1e9, o.readers, cold / ceiling);
+        fprintf(f, "| hit FETCH->READY p50 | %.1f us | target <= 30 us | %.2fx |\n", p50,
+                p50 / 30.0);
+        fprintf(f, "| hit FETCH->READY p99 / max | %.1f / %.1f us | | |\n", p99, mx);
+        fprintf(f,
+                "| fetcher counters | %" PRIu64 " misses, %" PRIu64 " hits, %.2f GB read | | |\n",
+                st.misses, st.hits, (double)st.bytes_read / 1e9);
+        fprintf(f, "\ncommand: `bench-fetch -m %s --readers %u --samples %u`\n", o.model, o.readers,
+                o.rtt_samples);
+    }
+    if (out) fclose(out);
+    free(rtt);
+    sl_expert_map_free(&m);
+    sl_gguf_close(&g);
+    return 0;
+}
