@@ -10,6 +10,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum sl_status {
     SL_OK = 0,
     SL_EINVAL = -1,       /* bad argument or option */
@@ -55,6 +59,10 @@ const char *sl_status_name(int code);
         if (!(cond)) sl_assert_fail(#cond, __FILE__, __LINE__);                                    \
     } while (0)
 
-_Noreturn void sl_assert_fail(const char *expr, const char *file, int line);
+__attribute__((noreturn)) void sl_assert_fail(const char *expr, const char *file, int line);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

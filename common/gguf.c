@@ -1111,6 +1111,7 @@ static int arr_elem_i64(const sl_gguf_kv *kv, uint64_t i, int64_t *v)
 {
     const unsigned char *p = (const unsigned char *)kv->v.arr + i * type_width(kv->arr_type);
     sl_gguf_kv tmp;
+    memset(&tmp, 0, sizeof tmp);
     scalar_set(&tmp, kv->arr_type, p);
     if (!type_is_signed(kv->arr_type) && tmp.v.u64 > (uint64_t)INT64_MAX) return 0;
     *v = tmp.v.i64;
@@ -1203,6 +1204,7 @@ void sl_gguf_print_kv(FILE *f, const sl_gguf_kv *kv)
             print_str(f, &((const sl_gguf_str *)kv->v.arr)[i], 64, 1);
         } else {
             sl_gguf_kv tmp;
+            memset(&tmp, 0, sizeof tmp);
             scalar_set(&tmp, kv->arr_type,
                        (const unsigned char *)kv->v.arr + i * type_width(kv->arr_type));
             print_scalar(f, &tmp, kv->arr_type);

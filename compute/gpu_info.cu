@@ -2,9 +2,7 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
-extern "C" {
 #include "gpu.h"
-}
 
 extern "C" int sl_gpu_device_count(int *n, sl_err *err)
 {

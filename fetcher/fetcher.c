@@ -34,6 +34,7 @@
 #define DONE_ENDPOINT_FMT "inproc://sluice-reads-%p"
 #define TRACE_CAPACITY    (1u << 20)
 #define IDENTITY_MAX      256
+#define ENDED_MAX         64 /* requests of a client ended by an ERROR, remembered */
 
 typedef struct client {
     int used;
@@ -45,6 +46,8 @@ typedef struct client {
     uint64_t last_ns;
     uint32_t *pins; /* [n_slot] READY pins granted and not released */
     uint64_t n_pins;
+    uint64_t ended[ENDED_MAX]; /* requests ended by an ERROR: no READY may follow */
+    uint32_t n_ended;          /* ring position */
 } client;
 
 typedef struct waiter {
@@ -250,7 +253,7 @@ int sl_fetcher_parse_args(sl_fetcher_options *o, int argc, char **argv, FILE *ou
             o->direct = 0;
             break;
         case OPT_SEED: {
-            uint32_t s;
+            uint32_t s = 0;
             rc = parse_u32(a, v, 0, UINT32_MAX, &s, err);
             o->seed = s;
             break;
@@ -544,6 +547,23 @@ static void grant_pin(sl_fetcher *f, int ci, uint32_t slot)
     f->clients[ci].n_pins++;
 }
 
+static int request_ended(const client *c, uint64_t req)
+{
+    for (uint32_t i = 0; i < ENDED_MAX; i++)
+        if (c->ended[i] == req) return 1;
+    return 0;
+}
+
+/* Ends a demand request with one ERROR: later completions of its other experts
+ * send neither READY nor a second ERROR (docs/protocol.md, FETCH). */
+static void end_request(sl_fetcher *f, int ci, uint64_t req, int code, const char *text)
+{
+    client *c = &f->clients[ci];
+    if (request_ended(c, req)) return;
+    c->ended[c->n_ended++ % ENDED_MAX] = req;
+    send_error(f, c->id, c->id_len, req, code, text);
+}
+
 static int any_compute_client(const sl_fetcher *f)
 {
     for (int i = 0; i < SL_FETCHER_MAX_CLIENTS; i++)
@@ -591,6 +611,8 @@ static int add_client(sl_fetcher *f, const uint8_t *id, size_t len, const sl_pro
         c->pid = h->pid;
         c->last_ns = sl_now_ns();
         c->n_pins = 0;
+        memset(c->ended, 0, sizeof c->ended);
+        c->n_ended = 0;
         return i;
     }
     return -1;
@@ -703,8 +725,6 @@ static void send_ready(sl_fetcher *f, int ci, uint64_t req, uint32_t slot, int s
 
 static void handle_fetch(sl_fetcher *f, int ci, const sl_proto_fetch *r)
 {
-    const uint8_t *id = f->clients[ci].id;
-    size_t id_len = f->clients[ci].id_len;
     int demand = r->priority == SL_PROTO_DEMAND;
     if (demand) drop_prefetches(f, r);
     for (uint32_t k = 0; k < r->n_expert; k++) {
@@ -712,8 +732,10 @@ static void handle_fetch(sl_fetcher *f, int ci, const sl_proto_fetch *r)
         uint64_t idx = (uint64_t)r->layer * f->map->n_expert + e;
         if (f->inflight[idx]) {
             uint32_t slot = f->inflight[idx] - 1;
-            if (demand && waiter_add(f, slot, ci, r->req) == NIL)
-                send_error(f, id, id_len, r->req, SL_PROTO_ERR_BUSY, "too many waiting requests");
+            if (demand && waiter_add(f, slot, ci, r->req) == NIL) {
+                end_request(f, ci, r->req, SL_PROTO_ERR_BUSY, "too many waiting requests");
+                return;
+            }
             continue;
         }
         uint32_t slot, gen;
@@ -732,17 +754,18 @@ static void handle_fetch(sl_fetcher *f, int ci, const sl_proto_fetch *r)
         }
         slot = claim_victim(f);
         if (slot == NIL) {
-            if (demand) {
-                char t[128];
-                snprintf(t, sizeof t, "no free slot for layer %u expert %u: every slot is pinned",
-                         r->layer, e);
-                send_error(f, id, id_len, r->req, SL_PROTO_ERR_BUSY, t);
-            }
-            continue;
+            if (!demand) continue; /* a hint that does not fit is simply dropped */
+            char t[128];
+            snprintf(t, sizeof t, "no free slot for layer %u expert %u: every slot is pinned",
+                     r->layer, e);
+            end_request(f, ci, r->req, SL_PROTO_ERR_BUSY, t);
+            return;
         }
         start_read(f, slot, r->layer, e, !demand);
-        if (demand && waiter_add(f, slot, ci, r->req) == NIL)
-            send_error(f, id, id_len, r->req, SL_PROTO_ERR_BUSY, "too many waiting requests");
+        if (demand && waiter_add(f, slot, ci, r->req) == NIL) {
+            end_request(f, ci, r->req, SL_PROTO_ERR_BUSY, "too many waiting requests");
+            return;
+        }
     }
 }
 
@@ -869,6 +892,7 @@ static void handle_frame(sl_fetcher *f, const uint8_t *id, size_t id_len, const 
         return;
     }
     if (m.type == SL_PROTO_PONG || m.type == SL_PROTO_ERROR) return;
+    if (ci < 0 && m.type == SL_PROTO_BYE) return; /* BYE is never answered */
     if (ci < 0) {
         send_error(f, id, id_len, m.type == SL_PROTO_FETCH ? m.fetch.req : 0,
                    SL_PROTO_ERR_NOT_READY, "say HELLO first");
@@ -928,12 +952,12 @@ static void handle_done(sl_fetcher *f, const sl_read_done *d)
         f->free_waiter = w;
         w = wt.next;
         client *c = &f->clients[wt.client];
-        if (!c->used || c->incarnation != wt.incarnation) continue;
+        if (!c->used || c->incarnation != wt.incarnation || request_ended(c, wt.req)) continue;
         if (d->status == 0) {
             grant_pin(f, (int)wt.client, slot);
             send_ready(f, (int)wt.client, wt.req, slot, SL_PROTO_SRC_DISK, read_us);
         } else {
-            send_error(f, c->id, c->id_len, wt.req, SL_PROTO_ERR_IO, d->msg);
+            end_request(f, (int)wt.client, wt.req, SL_PROTO_ERR_IO, d->msg);
         }
     }
 }

@@ -21,6 +21,7 @@
 #include "expert_map.h"
 #include "gguf.h"
 #include "quant.h"
+#include "synth.h"
 
 #define CHUNK_BYTES (8u << 20)
 
@@ -211,11 +212,54 @@ static int sink_finite(void *ctx, const sl_gguf_tensor *t, uint64_t row0, const 
     return 0;
 }
 
+/* Every tensor the deepseek41 layout of the file's own metadata calls for is there,
+ * with its type and dims. Tensors beyond the layout are listed, not refused. */
+static int check_layout(const sl_gguf *g, sl_err *err)
+{
+    sl_model_config cfg;
+    int rc = sl_model_config_read(g, &cfg, err);
+    if (rc) return rc;
+    sl_model_tensor *want = NULL;
+    uint64_t n = 0;
+    rc = sl_model_layout(&cfg, &want, &n, err);
+    if (rc) return rc;
+    for (uint64_t i = 0; i < n && !rc; i++) {
+        const sl_model_tensor *w = &want[i];
+        const sl_gguf_tensor *t = sl_gguf_find_tensor(g, w->name);
+        if (!t) {
+            rc =
+                sl_err_set(err, SL_ENOTFOUND, "%s: tensor '%s' of the deepseek41 layout is missing",
+                           g->shards[0].path, w->name);
+            break;
+        }
+        int same = t->type == w->type && t->n_dims == w->n_dims;
+        for (uint32_t d = 0; d < SL_GGUF_MAX_DIMS && same; d++) same = t->ne[d] == w->ne[d];
+        if (!same)
+            rc = sl_err_set(err, SL_EFORMAT,
+                            "%s: tensor '%s' is %s [%" PRIu64 ", %" PRIu64 ", %" PRIu64
+                            "], the layout wants %s [%" PRIu64 ", %" PRIu64 ", %" PRIu64 "]",
+                            g->shards[t->shard].path, w->name, sl_qtype_get(t->type)->name,
+                            t->ne[0], t->ne[1], t->ne[2], sl_qtype_get(w->type)->name, w->ne[0],
+                            w->ne[1], w->ne[2]);
+    }
+    if (!rc) {
+        printf("layout: all %" PRIu64 " tensors of the deepseek41 layout (%u layers): ok\n", n,
+               cfg.n_layer);
+        if (g->n_tensors > n)
+            printf("layout: %" PRIu64 " further tensors are not used by sluice\n",
+                   g->n_tensors - n);
+    }
+    free(want);
+    return rc;
+}
+
 static int cmd_verify(const sl_gguf *g, int data, sl_err *err)
 {
     printf("headers: %u shard(s), %" PRIu64 " tensors: ok\n", g->n_shards, g->n_tensors);
+    int rc = check_layout(g, err);
+    if (rc) return rc;
     sl_expert_map *m = NULL;
-    int rc = sl_expert_map_build(&m, g, SL_SLOT_ALIGN, err);
+    rc = sl_expert_map_build(&m, g, SL_SLOT_ALIGN, err);
     if (rc) return rc;
     printf("expert map: %u layers x %u experts: ok\n", m->n_layer, m->n_expert);
     sl_expert_map_free(&m);
