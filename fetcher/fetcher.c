@@ -694,10 +694,13 @@ static void drop_prefetches(sl_fetcher *f, const sl_proto_fetch *want)
         int wanted = 0;
         for (uint32_t k = 0; k < want->n_expert && !wanted; k++)
             wanted = j.layer == want->layer && j.expert == want->expert[k];
+        /* Counted as a prefetch read when queued: it is now a demand read, or none. */
+        f->c.prefetch_reads--;
         if (wanted) {
             j.prefetch = 0;
             f->slots[j.slot].prefetch = 0;
             sl_readers_submit(f->readers, &j);
+            f->c.misses++;
             continue;
         }
         end_read(f, j.slot);
@@ -1013,10 +1016,16 @@ int sl_fetcher_run(sl_fetcher *f, volatile sig_atomic_t *stop, volatile sig_atom
 {
     uint8_t id[IDENTITY_MAX];
     sl_read_done d;
+    uint64_t last_activity = 0;
     while (!*stop) {
         zmq_pollitem_t items[2] = {{f->router, 0, ZMQ_POLLIN, 0}, {f->done, 0, ZMQ_POLLIN, 0}};
-        int n = zmq_poll(items, 2, SL_PROTO_HEARTBEAT_MS);
+        /* Right after traffic, poll without sleeping for a moment: a request usually
+         * follows another, and waking from a blocking poll costs more than the
+         * round trip itself. */
+        long wait_ms = sl_now_ns() - last_activity < SL_FETCHER_SPIN_NS ? 0 : SL_PROTO_HEARTBEAT_MS;
+        int n = zmq_poll(items, 2, wait_ms);
         uint64_t now = sl_now_ns();
+        if (n > 0) last_activity = now;
         atomic_store(&f->arena->hdr->heartbeat_ns, now);
         if (report && *report) {
             *report = 0;

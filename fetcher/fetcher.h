@@ -23,6 +23,10 @@
  * its pings. */
 #define SL_FETCHER_CLIENT_TIMEOUT_MS 5000
 #define SL_FETCHER_MAX_CLIENTS       16
+/* After a message, the serving loop polls without sleeping for this long, so that
+ * the next request of a burst is picked up without a wake-up (costs at most this
+ * much CPU per burst). */
+#define SL_FETCHER_SPIN_NS 200000ull
 
 typedef struct sl_fetcher_options {
     const char *model;          /* -m: first shard (or any shard) of the checkpoint */

@@ -18,6 +18,7 @@ struct sl_policy {
     uint32_t *prev;      /* [n_slot] */
     uint32_t *next;      /* [n_slot] */
     uint32_t *cand;      /* [n_oldest] scratch for the random pick */
+    uint8_t *empty;      /* [n_slot] 1 while the slot holds nothing (kept at the head) */
     uint32_t n_oldest;   /* candidates the random policy draws from */
     uint64_t rng;        /* splitmix64 state */
 };
@@ -85,12 +86,14 @@ int sl_policy_init(sl_policy **out, enum sl_policy_kind kind, uint32_t n_slot, u
     p->prev = malloc(sizeof(uint32_t) * n_slot);
     p->next = malloc(sizeof(uint32_t) * n_slot);
     p->cand = malloc(sizeof(uint32_t) * p->n_oldest);
-    if (!p->prev || !p->next || !p->cand) {
+    p->empty = malloc(n_slot);
+    if (!p->prev || !p->next || !p->cand || !p->empty) {
         sl_policy_free(&p);
         return sl_err_set(err, SL_ENOMEM, "eviction policy: out of memory for %u slots", n_slot);
     }
     p->head = p->tail = NIL;
     for (uint32_t s = 0; s < n_slot; s++) push_newest(p, s);
+    memset(p->empty, 1, n_slot);
     *out = p;
     return 0;
 }
@@ -102,6 +105,7 @@ void sl_policy_free(sl_policy **pp)
     free(p->prev);
     free(p->next);
     free(p->cand);
+    free(p->empty);
     free(p);
     *pp = NULL;
 }
@@ -109,6 +113,7 @@ void sl_policy_free(sl_policy **pp)
 void sl_policy_touch(sl_policy *p, uint32_t slot)
 {
     SL_ASSERT(slot < p->n_slot);
+    p->empty[slot] = 0;
     if (p->tail == slot) return;
     unlink_slot(p, slot);
     push_newest(p, slot);
@@ -117,6 +122,7 @@ void sl_policy_touch(sl_policy *p, uint32_t slot)
 void sl_policy_forget(sl_policy *p, uint32_t slot)
 {
     SL_ASSERT(slot < p->n_slot);
+    p->empty[slot] = 1;
     if (p->head == slot) return;
     unlink_slot(p, slot);
     push_oldest(p, slot);
@@ -124,6 +130,10 @@ void sl_policy_forget(sl_policy *p, uint32_t slot)
 
 int64_t sl_policy_victim(sl_policy *p, sl_policy_busy_fn busy, void *ctx)
 {
+    /* An empty slot costs nothing to reuse: take one before evicting anything. Empty
+     * slots sit at the head (init and forget put them there). */
+    for (uint32_t s = p->head; s != NIL && p->empty[s]; s = p->next[s])
+        if (!busy || !busy(ctx, s)) return s;
     uint32_t want = p->kind == SL_POLICY_LRU ? 1 : p->n_oldest;
     uint32_t n = 0;
     for (uint32_t s = p->head; s != NIL && n < want; s = p->next[s])

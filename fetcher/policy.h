@@ -47,8 +47,9 @@ void sl_policy_touch(sl_policy *p, uint32_t slot);
 void sl_policy_forget(sl_policy *p, uint32_t slot);
 
 /* Picks a victim among the slots busy() does not refuse, or returns -1 when every
- * slot is busy. Does not change the order: the caller touches the slot once it is
- * refilled. O(oldest share of n_slot) calls to busy in the common case. */
+ * slot is busy. Empty slots (never touched, or forgotten) always come first. Does not change the
+ * order: the caller touches the slot once it is refilled. O(oldest share of n_slot) calls to busy
+ * in the common case. */
 int64_t sl_policy_victim(sl_policy *p, sl_policy_busy_fn busy, void *ctx);
 
 /* Name of a policy ("oldest-random", "lru"); parse the same names back. */

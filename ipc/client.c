@@ -18,6 +18,9 @@
 
 #include "trace.h"
 
+/* How long a wait for a message polls without sleeping before it blocks. */
+#define SL_CLIENT_SPIN_NS 100000ull
+
 struct sl_fetch_client {
     sl_fetch_client_options opt;
     char endpoint[512];
@@ -95,7 +98,8 @@ static int send_ping(sl_fetch_client *c)
  * SL_ENOTFOUND on timeout, SL_EPEER when the fetcher is silent past its liveness. */
 static int recv_any(sl_fetch_client *c, sl_proto_msg *out, uint32_t timeout_ms, sl_err *err)
 {
-    uint64_t deadline = sl_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t entered = sl_now_ns();
+    uint64_t deadline = entered + (uint64_t)timeout_ms * 1000000ull;
     uint64_t hb = (uint64_t)c->opt.heartbeat_ms * 1000000ull;
     for (;;) {
         uint64_t now = sl_now_ns();
@@ -107,7 +111,10 @@ static int recv_any(sl_fetch_client *c, sl_proto_msg *out, uint32_t timeout_ms, 
             return sl_err_set(err, SL_ENOTFOUND, "no answer within %u ms", timeout_ms);
         uint64_t wait = deadline - now < hb ? deadline - now : hb;
         zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
-        int n = zmq_poll(&it, 1, (long)(wait / 1000000ull) + 1);
+        /* Spin briefly first: an answer of the fetcher usually comes within tens of
+         * microseconds, less than a sleep and wake-up cost. */
+        long wait_ms = now - entered < SL_CLIENT_SPIN_NS ? 0 : (long)(wait / 1000000ull) + 1;
+        int n = zmq_poll(&it, 1, wait_ms);
         if (n < 0) {
             if (zmq_errno() == EINTR) continue;
             return sl_err_set(err, SL_EIO, "zmq_poll: %s", zmq_strerror(zmq_errno()));
@@ -449,7 +456,7 @@ int sl_fetch_client_ping(sl_fetch_client *c, uint64_t *rtt_ns, uint32_t timeout_
     while (sl_now_ns() < deadline) {
         int n;
         zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
-        n = zmq_poll(&it, 1, 10);
+        n = zmq_poll(&it, 1, sl_now_ns() - m.ping.sent_ns < SL_CLIENT_SPIN_NS ? 0 : 10);
         if (n <= 0) continue;
         int len = zmq_recv(c->sock, c->frame, sizeof c->frame, ZMQ_DONTWAIT);
         if (len < 0) continue;

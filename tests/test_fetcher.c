@@ -479,3 +479,67 @@ Test(fetcher, prefetch_then_demand_hits, .timeout = 60)
     sl_fetch_client_close(&c);
     rig_free(&r);
 }
+
+Test(fetcher, demand_drops_queued_prefetches_and_takes_over_its_own, .timeout = 60)
+{
+    rig r = {0};
+    rig_model(&r, 109, 1);
+    /* One reader: prefetches queue up behind it. */
+    start_fetcher(&r, "96", "--readers", "1", NULL);
+    sl_fetch_client *c = connect_client(&r);
+    uint32_t hint[16];
+    for (uint32_t e = 0; e < 16; e++) hint[e] = e;
+    sl_err err = {0};
+    cr_assert_eq(sl_fetch_client_prefetch(c, 5, hint, 16, &err), 0, "%s", err.msg);
+    /* Demand arrives at once for the last hinted expert: its queued read becomes a
+     * demand read, every other queued hint is dropped. */
+    uint32_t want_hinted[1] = {15}, want_other[1] = {3};
+    get_check_put(&r, c, 5, want_hinted, 1);
+    sl_proto_stats_reply st;
+    cr_assert_eq(sl_fetch_client_stats(c, &st, 2000, &err), 0, "%s", err.msg);
+    cr_assert_gt(st.prefetch_dropped, 0, "queued prefetches must give way to demand");
+    cr_assert_leq(st.prefetch_dropped, 15, "the demanded one is read, not dropped");
+    cr_assert_eq(st.misses, 16 - st.prefetch_dropped, "nothing is read twice: %lu reads",
+                 (unsigned long)st.misses);
+    get_check_put(&r, c, 1, want_other, 1);
+    cr_assert_eq(sl_fetch_client_stats(c, &st, 2000, &err), 0, "%s", err.msg);
+    cr_assert_eq(st.read_errors, 0);
+    cr_assert_eq(st.pinned, 0);
+    sl_fetch_client_close(&c);
+    rig_free(&r);
+}
+
+Test(fetcher, trace_and_counters_on_request, .timeout = 60)
+{
+    rig r = {0};
+    rig_model(&r, 110, 1);
+    char trace[160];
+    snprintf(trace, sizeof trace, "%s/trace.json", r.dir);
+    start_fetcher(&r, "40", "--trace", trace, NULL);
+    sl_fetch_client *c = connect_client(&r);
+    uint32_t ex[3] = {2, 7, 9};
+    get_check_put(&r, c, 3, ex, 3);
+    kill(r.pid, SIGUSR1);
+    /* The counters appear in the log while the fetcher keeps serving. */
+    int seen = 0;
+    for (int i = 0; i < 100 && !seen; i++) {
+        usleep(20000);
+        seen = strstr(log_tail(&r), "stats after") != NULL;
+    }
+    cr_assert(seen, "SIGUSR1 prints the counters: %s", log_tail(&r));
+    get_check_put(&r, c, 3, ex, 3);
+    sl_fetch_client_close(&c);
+    kill(r.pid, SIGTERM);
+    cr_assert_eq(wait_exit(r.pid), 0);
+    r.pid = 0;
+    FILE *f = fopen(trace, "r");
+    cr_assert_not_null(f, "--trace writes its file at exit");
+    char buf[65536];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    cr_assert(strstr(buf, "\"traceEvents\""), "%s", buf);
+    cr_assert(strstr(buf, "\"name\":\"read\"") && strstr(buf, "\"layer\":3,\"expert\":7"), "%s",
+              buf);
+    rig_free(&r);
+}

@@ -184,3 +184,22 @@ Test(policy, bad_arguments)
     cr_assert_eq(sl_policy_parse("fifo", &k, &err), SL_EINVAL);
     cr_assert(strstr(err.msg, "fifo"));
 }
+
+Test(policy, empty_slots_are_used_before_anything_is_evicted)
+{
+    /* 100 slots, 90 filled: the random pick among the oldest 8 must not evict a
+     * filled slot while 10 empty ones remain. */
+    sl_policy *p = make(SL_POLICY_OLDEST_RANDOM, 100, 11);
+    uint8_t filled[100] = {0};
+    for (int i = 0; i < 100; i++) {
+        int64_t v = sl_policy_victim(p, NULL, NULL);
+        cr_assert(v >= 0);
+        cr_assert_eq(filled[v], 0, "fill %d evicted filled slot %lld", i, (long long)v);
+        filled[v] = 1;
+        sl_policy_touch(p, (uint32_t)v);
+    }
+    /* A forgotten slot is the next one used. */
+    sl_policy_forget(p, 42);
+    cr_assert_eq(sl_policy_victim(p, NULL, NULL), 42);
+    sl_policy_free(&p);
+}

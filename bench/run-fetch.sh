@@ -1,0 +1,13 @@
+#!/bin/sh
+# run-fetch.sh - bench/fetch on a bench-L4 checkpoint generated where it runs.
+# usage: bench/run-fetch.sh BUILD_DIR OUT_FILE [CHECKPOINT_DIR]
+set -eu
+build=$1
+out=$2
+dir=${3:-/tmp/sluice-bench-L4}
+if ! ls "$dir"/sluice-bench-L4-00001-of-*.gguf >/dev/null 2>&1; then
+    "$build/bin/sluice-synth" --preset bench-L4 --out "$dir" --shards 4 --seed 1
+fi
+first=$(ls "$dir"/sluice-bench-L4-00001-of-*.gguf)
+"$build/bin/sluice-gguf" verify "$first"
+"$build/bin/bench-fetch" -m "$first" --readers 16 --samples 20000 --out "$out"
