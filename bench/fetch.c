@@ -132,6 +132,24 @@ static pid_t start_fetcher(const bench_opts *o, const char *endpoint, uint32_t s
     return pid;
 }
 
+/* Sends a demand FETCH of one expert with request id req. */
+static void send_fetch(sl_fetch_client *c, uint64_t req, uint32_t layer, uint32_t expert)
+{
+    sl_proto_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = SL_PROTO_FETCH;
+    m.fetch.req = req;
+    m.fetch.layer = layer;
+    m.fetch.n_expert = 1;
+    m.fetch.expert[0] = expert;
+    m.fetch.priority = SL_PROTO_DEMAND;
+    uint8_t frame[SL_PROTO_FRAME_MAX];
+    size_t len;
+    sl_err err = {0};
+    if (sl_proto_encode(&m, frame, sizeof frame, &len, &err)) die("encode FETCH", &err);
+    if (sl_fetch_client_send_raw(c, frame, len, &err)) die("send FETCH", &err);
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -203,7 +221,6 @@ int main(int argc, char **argv)
     /* 2. cold reads: all experts of the second half, up to `window` in flight. */
     uint32_t window = o.readers * 2, sent = 0, done = 0;
     uint64_t t0 = sl_now_ns(), bytes = 0, req = 1;
-    sl_proto_msg msg;
     uint8_t frame[SL_PROTO_FRAME_MAX];
     size_t len;
     sl_proto_msg rel;
@@ -213,15 +230,7 @@ int main(int argc, char **argv)
     while (done < n_all - half) {
         while (sent < n_all - half && sent - done < window) {
             uint32_t i = half + sent;
-            memset(&msg, 0, sizeof msg);
-            msg.type = SL_PROTO_FETCH;
-            msg.fetch.req = req++;
-            msg.fetch.layer = i / m->n_expert;
-            msg.fetch.n_expert = 1;
-            msg.fetch.expert[0] = i % m->n_expert;
-            msg.fetch.priority = SL_PROTO_DEMAND;
-            if (sl_proto_encode(&msg, frame, sizeof frame, &len, &err)) die("encode", &err);
-            if (sl_fetch_client_send_raw(c, frame, len, &err)) die("send FETCH", &err);
+            send_fetch(c, req++, i / m->n_expert, i % m->n_expert);
             sent++;
         }
         sl_proto_msg r;
@@ -255,15 +264,8 @@ int main(int argc, char **argv)
     uint64_t *rtt = calloc(o.rtt_samples, sizeof *rtt);
     for (uint32_t k = 0; k < o.rtt_samples; k++) {
         uint32_t i = half + (k % (n_all - half));
-        memset(&msg, 0, sizeof msg);
-        msg.type = SL_PROTO_FETCH;
-        msg.fetch.req = req++;
-        msg.fetch.layer = i / m->n_expert;
-        msg.fetch.n_expert = 1;
-        msg.fetch.expert[0] = i % m->n_expert;
-        if (sl_proto_encode(&msg, frame, sizeof frame, &len, &err)) die("encode", &err);
         uint64_t a = sl_now_ns();
-        if (sl_fetch_client_send_raw(c, frame, len, &err)) die("send", &err);
+        send_fetch(c, req++, i / m->n_expert, i % m->n_expert);
         sl_proto_msg r;
         do {
             if (sl_fetch_client_recv(c, &r, 5000, &err)) die("waiting for hit", &err);

@@ -242,8 +242,7 @@ static int rd_str(reader *r, arena *a, sl_gguf_str *s, const char *what)
 
 /* ---- metadata values ---- */
 
-/* Bytes on disk of one value of type (for strings and arrays: the least). */
-static uint64_t type_width(uint32_t t)
+uint64_t sl_gguf_scalar_width(uint32_t t)
 {
     switch (t) {
     case SL_GGUF_TYPE_UINT8:
@@ -257,15 +256,20 @@ static uint64_t type_width(uint32_t t)
     case SL_GGUF_TYPE_INT32:
     case SL_GGUF_TYPE_FLOAT32:
         return 4;
-    case SL_GGUF_TYPE_STRING:
     case SL_GGUF_TYPE_UINT64:
     case SL_GGUF_TYPE_INT64:
     case SL_GGUF_TYPE_FLOAT64:
         return 8;
-    case SL_GGUF_TYPE_ARRAY:
-        return 12;
     }
     return 0;
+}
+
+/* Bytes on disk of one value of type (for strings and arrays: the least). */
+static uint64_t type_width(uint32_t t)
+{
+    if (t == SL_GGUF_TYPE_STRING) return 8; /* the length field */
+    if (t == SL_GGUF_TYPE_ARRAY) return 12; /* element type and count */
+    return sl_gguf_scalar_width(t);
 }
 
 static int type_is_int(uint32_t t)
@@ -432,6 +436,11 @@ static int tensor_check(reader *r, sl_gguf_tensor *t, uint64_t alignment)
                           "%s: tensor '%s': element count overflows (ne %" PRIu64 " x %" PRIu64
                           " x %" PRIu64 " x %" PRIu64 ")",
                           r->name, SHOW(nm), t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
+    if (nel == 0)
+        return sl_err_set(r->err, SL_EFORMAT,
+                          "%s: tensor '%s': a zero dimension (ne %" PRIu64 " x %" PRIu64
+                          " x %" PRIu64 " x %" PRIu64 ")",
+                          r->name, SHOW(nm), t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
     if (t->ne[0] % qi->block_elems)
         return sl_err_set(r->err, SL_EFORMAT,
                           "%s: tensor '%s': ne[0] = %" PRIu64
@@ -465,6 +474,11 @@ static int tensor_ptr_cmp(const void *a, const void *b)
 /* Data ranges inside the file and disjoint (checked in offset order). */
 static int tensors_place(reader *r, sl_gguf_shard *sh, sl_gguf_tensor *t)
 {
+    if (sh->n_tensor && r->file_bytes < sh->data_offset)
+        return sl_err_set(r->err, SL_EFORMAT,
+                          "%s: the data section starts at %" PRIu64
+                          ", past the end of the file (%" PRIu64 " bytes)",
+                          r->name, sh->data_offset, r->file_bytes);
     for (uint64_t i = 0; i < sh->n_tensor; i++) {
         uint64_t room = r->file_bytes > sh->data_offset ? r->file_bytes - sh->data_offset : 0;
         if (t[i].rel_offset > room || t[i].n_bytes > room - t[i].rel_offset)

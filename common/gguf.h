@@ -175,6 +175,10 @@ int sl_gguf_get_arr_i64(const sl_gguf *g, const char *key, int64_t *out, uint64_
 /* "u32", "string", "array" ...; "?" for ids past SL_GGUF_TYPE_COUNT. */
 const char *sl_gguf_type_name(uint32_t type);
 
+/* Bytes of one scalar value of a metadata type; 0 for STRING, ARRAY and unknown
+ * types. */
+uint64_t sl_gguf_scalar_width(uint32_t type);
+
 /* Prints "key = value" (no newline) to f: scalars in full (floats with enough
  * digits to read back), strings quoted and escaped, cut after 256 bytes with
  * "... (N bytes)", arrays as "[n x type]" and their first 8 values, then "...". */

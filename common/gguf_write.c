@@ -56,28 +56,6 @@ static uint64_t align_up(uint64_t v, uint64_t a)
     return (v + a - 1) & ~(a - 1);
 }
 
-static uint64_t scalar_width(uint32_t t)
-{
-    switch (t) {
-    case SL_GGUF_TYPE_UINT8:
-    case SL_GGUF_TYPE_INT8:
-    case SL_GGUF_TYPE_BOOL:
-        return 1;
-    case SL_GGUF_TYPE_UINT16:
-    case SL_GGUF_TYPE_INT16:
-        return 2;
-    case SL_GGUF_TYPE_UINT32:
-    case SL_GGUF_TYPE_INT32:
-    case SL_GGUF_TYPE_FLOAT32:
-        return 4;
-    case SL_GGUF_TYPE_UINT64:
-    case SL_GGUF_TYPE_INT64:
-    case SL_GGUF_TYPE_FLOAT64:
-        return 8;
-    }
-    return 0; /* STRING, ARRAY, unknown */
-}
-
 int sl_gguf_writer_init(sl_gguf_writer **out, uint32_t alignment, sl_err *err)
 {
     *out = NULL;
@@ -149,8 +127,8 @@ static unsigned char *kv_add(sl_gguf_writer *w, const char *key, uint32_t type, 
 static int set_scalar(sl_gguf_writer *w, const char *key, uint32_t type, const void *v)
 {
     int rc;
-    unsigned char *p = kv_add(w, key, type, scalar_width(type), &rc);
-    if (p) memcpy(p, v, scalar_width(type));
+    unsigned char *p = kv_add(w, key, type, sl_gguf_scalar_width(type), &rc);
+    if (p) memcpy(p, v, sl_gguf_scalar_width(type));
     return rc;
 }
 
@@ -226,7 +204,7 @@ int sl_gguf_writer_set_str(sl_gguf_writer *w, const char *key, const char *v)
 int sl_gguf_writer_set_arr(sl_gguf_writer *w, const char *key, uint32_t elem_type, const void *data,
                            uint64_t n)
 {
-    uint64_t width = scalar_width(elem_type);
+    uint64_t width = sl_gguf_scalar_width(elem_type);
     if (width == 0 || (n && !data) || n > (SIZE_MAX - 16) / width) return SL_EINVAL;
     int rc;
     unsigned char *p = kv_add(w, key, SL_GGUF_TYPE_ARRAY, 12 + n * width, &rc);

@@ -309,16 +309,22 @@ int sl_fetch_client_put(sl_fetch_client *c, const sl_fetch_pin *pins, uint32_t n
     return 0;
 }
 
+/* A FETCH of layer with a fresh request id and no experts yet. */
+static void fetch_begin(sl_fetch_client *c, sl_proto_msg *m, uint32_t layer, uint8_t priority)
+{
+    memset(m, 0, sizeof *m);
+    m->type = SL_PROTO_FETCH;
+    m->fetch.req = ++c->next_req;
+    m->fetch.layer = layer;
+    m->fetch.priority = priority;
+}
+
 /* One attempt at getting the experts; SL_EPEER means: reconnect and try again. */
 static int get_once(sl_fetch_client *c, uint32_t layer, const uint32_t *experts, uint32_t n,
                     sl_fetch_pin *pins, uint8_t *have, uint64_t deadline, sl_err *err)
 {
     sl_proto_msg m;
-    memset(&m, 0, sizeof m);
-    m.type = SL_PROTO_FETCH;
-    m.fetch.req = ++c->next_req;
-    m.fetch.layer = layer;
-    m.fetch.priority = SL_PROTO_DEMAND;
+    fetch_begin(c, &m, layer, SL_PROTO_DEMAND);
     uint64_t epoch = c->welcome.arena_epoch;
     for (uint32_t i = 0; i < n; i++) {
         have[i] = 0;
@@ -410,11 +416,7 @@ int sl_fetch_client_prefetch(sl_fetch_client *c, uint32_t layer, const uint32_t 
     if (n == 0 || n > SL_PROTO_FETCH_MAX)
         return sl_err_set(err, SL_EINVAL, "prefetch: %u experts (1..%d)", n, SL_PROTO_FETCH_MAX);
     sl_proto_msg m;
-    memset(&m, 0, sizeof m);
-    m.type = SL_PROTO_FETCH;
-    m.fetch.req = ++c->next_req;
-    m.fetch.layer = layer;
-    m.fetch.priority = SL_PROTO_PREFETCH;
+    fetch_begin(c, &m, layer, SL_PROTO_PREFETCH);
     m.fetch.n_expert = n;
     memcpy(m.fetch.expert, experts, n * sizeof *experts);
     return send_msg(c, &m, err);

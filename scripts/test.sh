@@ -39,7 +39,15 @@ for f in build-fuzz/bin/fuzz_*; do
     work=$(mktemp -d)
     [ -d "$corpus" ] && cp -r "$corpus"/. "$work"/
     echo "-- $name"
-    "$f" -max_total_time="$fuzz_seconds" -print_final_stats=1 "$work" 2>&1 | tail -n 12
-    rm -rf "$work"
+    # New inputs go to a scratch folder; a crash fails the suite (and its input is kept
+    # under build-fuzz/ to reproduce it).
+    if ! "$f" -max_total_time="$fuzz_seconds" -print_final_stats=1 \
+        -artifact_prefix=build-fuzz/ "$work" >"$work.log" 2>&1; then
+        tail -n 40 "$work.log"
+        echo "$name found a crash: input saved as build-fuzz/crash-*" >&2
+        exit 1
+    fi
+    tail -n 6 "$work.log"
+    rm -rf "$work" "$work.log"
 done
 echo "== all tests passed"

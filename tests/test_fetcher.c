@@ -54,6 +54,26 @@ static void rig_model(rig *r, uint64_t seed, uint32_t shards)
     cr_assert_eq(sl_expert_map_build(&r->map, r->g, SL_SLOT_ALIGN, &err), 0, "%s", err.msg);
 }
 
+/* Forks and execs argv with stdout and stderr appended to the rig's log. */
+static pid_t spawn(rig *r, const char *const *argv)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        /* A failed assertion ends the test process: take the fetcher with it. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(r->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 2);
+            dup2(fd, 1);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
 /* Starts sluice-fetcher with extra arguments (NULL-terminated); returns its pid. */
 static pid_t start_fetcher(rig *r, const char *slots, ...)
 {
@@ -75,22 +95,8 @@ static pid_t start_fetcher(rig *r, const char *slots, ...)
     while ((a = va_arg(ap, const char *)) && n < 31) argv[n++] = a;
     va_end(ap);
     argv[n] = NULL;
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        /* A failed assertion ends the test process: take the fetcher with it. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(r->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 2);
-            dup2(fd, 1);
-        }
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    r->pid = pid;
-    return pid;
+    r->pid = spawn(r, argv);
+    return r->pid;
 }
 
 static int wait_exit(pid_t pid)
@@ -331,13 +337,11 @@ Test(fetcher, io_error_answers_error_and_keeps_serving, .timeout = 60)
     rig_free(&r);
 }
 
-static int run_fetcher_expect_fail(rig *r, const char *slots, const char *extra, char *out,
-                                   size_t cap)
+/* Runs argv to its end on an emptied log; returns the exit code, the log in out. */
+static int run_to_exit(rig *r, const char *const *argv, char *out, size_t cap)
 {
     truncate(r->log, 0);
-    pid_t pid = start_fetcher(r, slots, extra, NULL);
-    int code = wait_exit(pid);
-    r->pid = 0;
+    int code = wait_exit(spawn(r, argv));
     FILE *f = fopen(r->log, "r");
     size_t n = f ? fread(out, 1, cap - 1, f) : 0;
     out[n] = '\0';
@@ -350,68 +354,47 @@ Test(fetcher, bad_budgets_and_a_second_fetcher_are_refused, .timeout = 60)
     rig r = {0};
     rig_model(&r, 106, 1);
     char out[4096];
-    cr_assert_eq(run_fetcher_expect_fail(&r, "10", NULL, out, sizeof out), 1);
+    const char *small[] = {SL_BIN_DIR "/sluice-fetcher",
+                           "-m",
+                           r.model,
+                           "--endpoint",
+                           r.endpoint,
+                           "--no-mlock",
+                           "--arena-slots",
+                           "10",
+                           NULL};
+    cr_assert_eq(run_to_exit(&r, small, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "too small") && strstr(out, "36"), "%s", out);
-    cr_assert_eq(run_fetcher_expect_fail(&r, "40", "--arena", out, sizeof out), 2);
+    const char *usage[] = {SL_BIN_DIR "/sluice-fetcher", "-m", r.model, "--arena", NULL};
+    cr_assert_eq(run_to_exit(&r, usage, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--arena needs SIZE"), "%s", out);
     /* A budget larger than the machine is refused before anything is allocated. */
-    pid_t pid;
-    {
-        truncate(r.log, 0);
-        const char *argv[] = {SL_BIN_DIR "/sluice-fetcher",
-                              "-m",
-                              r.model,
-                              "--endpoint",
-                              r.endpoint,
-                              "--arena",
-                              "900T",
-                              NULL};
-        fflush(NULL);
-        pid = fork();
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            int fd = open(r.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-            dup2(fd, 2);
-            execv(argv[0], (char *const *)argv);
-            _exit(127);
-        }
-        cr_assert_eq(wait_exit(pid), 1);
-        FILE *f = fopen(r.log, "r");
-        size_t n = fread(out, 1, sizeof out - 1, f);
-        out[n] = '\0';
-        fclose(f);
-        cr_assert(strstr(out, "900") || strstr(out, "does not fit"), "%s", out);
-        cr_assert(strstr(out, "does not fit"), "%s", out);
-    }
+    const char *huge[] = {SL_BIN_DIR "/sluice-fetcher",
+                          "-m",
+                          r.model,
+                          "--endpoint",
+                          r.endpoint,
+                          "--arena",
+                          "900T",
+                          NULL};
+    cr_assert_eq(run_to_exit(&r, huge, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "does not fit"), "%s", out);
     /* One fetcher per model: the second one finds the arena held. */
     start_fetcher(&r, "40", NULL);
     sl_fetch_client *c = connect_client(&r); /* the first is up */
     pid_t first = r.pid;
     char ep2[200];
     snprintf(ep2, sizeof ep2, "ipc://%s/other.sock", r.dir);
-    truncate(r.log, 0);
-    const char *argv2[] = {SL_BIN_DIR "/sluice-fetcher",
-                           "-m",
-                           r.model,
-                           "--endpoint",
-                           ep2,
-                           "--arena-slots",
-                           "40",
-                           "--no-mlock",
-                           NULL};
-    fflush(NULL);
-    pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(r.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        dup2(fd, 2);
-        execv(argv2[0], (char *const *)argv2);
-        _exit(127);
-    }
-    cr_assert_eq(wait_exit(pid), 1);
-    FILE *f = fopen(r.log, "r");
-    size_t n = fread(out, 1, sizeof out - 1, f);
-    out[n] = '\0';
-    fclose(f);
+    const char *second[] = {SL_BIN_DIR "/sluice-fetcher",
+                            "-m",
+                            r.model,
+                            "--endpoint",
+                            ep2,
+                            "--arena-slots",
+                            "40",
+                            "--no-mlock",
+                            NULL};
+    cr_assert_eq(run_to_exit(&r, second, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "another fetcher"), "%s", out);
     r.pid = first;
     sl_fetch_client_close(&c);

@@ -1174,3 +1174,15 @@ Test(gguf, writer_failures_remove_the_file)
     cr_assert(strstr(err.msg, "/nonexistent-dir/x.gguf"), "%s", err.msg);
     sl_gguf_writer_free(&w);
 }
+
+/* Found by fuzz_gguf: tensors with a zero dimension whose (empty) data section began
+ * past the end of the file were accepted. */
+Test(gguf_regress, zero_dimension_tensor_is_refused)
+{
+    sl_gguf *g = NULL;
+    sl_err err = {0};
+    int rc = sl_gguf_open(&g, SL_SOURCE_DIR "/fuzz/corpus/gguf/regress-zero-dim", &err);
+    cr_assert_eq(rc, SL_EFORMAT, "%d: %s", rc, err.msg);
+    cr_assert_null(g);
+    cr_assert(strstr(err.msg, "zero dimension") || strstr(err.msg, "past the end"), "%s", err.msg);
+}
