@@ -1,0 +1,60 @@
+/* compute.h - sluice-compute: the decode loop of the compute process.
+ *
+ * Connects to sluice-fetcher (ipc/client.h), maps its arena, loads the resident
+ * weights of every layer it runs, and runs decode steps. Until attention lands the
+ * layer body is the MoE part alone (DESIGN.md "One decode step"):
+ *
+ *   h (bf16 [dim], the residual stream) starts as the token's embedding row;
+ *   per layer: x = ffn_norm(h); route x; get the picked experts (shared-table hits
+ *   without a message, misses by FETCH); y = routed experts + shared expert;
+ *   h = bf16(h + y); give the pins back.
+ *
+ * One step's output is the final h. Outputs never depend on which tier served an
+ * expert, on the order misses arrived, on cache sizes or on a fetcher restart.
+ * One thread drives everything; not thread-safe.
+ */
+#ifndef SL_COMPUTE_H
+#define SL_COMPUTE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "err.h"
+
+enum sl_compute_backend {
+    SL_BACKEND_CPU = 0, /* the plain f32 CPU reference of the layer (compute/moe_ref.h) */
+};
+
+typedef struct sl_compute_options {
+    const char *model;      /* -m: any shard of the checkpoint */
+    const char *endpoint;   /* --endpoint; NULL = the model's default ipc endpoint */
+    uint32_t steps;         /* -n: decode steps */
+    uint64_t seed;          /* --seed: picks the tokens of the steps */
+    const char *out_path;   /* --out: every step's h, bf16 little-endian, appended */
+    const char *trace_path; /* --trace: Chrome trace JSON of this process */
+    uint32_t timeout_ms;    /* --timeout: longest wait for one layer's experts */
+    int backend;            /* enum sl_compute_backend */
+    int quiet;              /* -q: no banner, no per-run summary */
+} sl_compute_options;
+
+void sl_compute_options_default(sl_compute_options *o);
+
+/* Fills o from argv. Returns 0, 1 when --help was printed to out, or SL_EINVAL with a
+ * one-line message. */
+int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *out, sl_err *err);
+
+typedef struct sl_compute sl_compute;
+
+/* Opens the checkpoint, loads the resident weights and connects to the fetcher
+ * (waiting for one to answer). The caller owns *out. */
+int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err);
+
+/* Runs o->steps decode steps; writes outputs as it goes. */
+int sl_compute_run(sl_compute *c, sl_err *err);
+
+/* Tokens/s, hits per tier, bytes read, ms per stage. */
+void sl_compute_print_summary(sl_compute *c, FILE *out);
+
+void sl_compute_close(sl_compute **c);
+
+#endif

@@ -1,0 +1,520 @@
+/* engine.c - sluice-compute's state and decode loop (MoE-only layer body).
+ *
+ * Ownership: the engine owns the opened checkpoint (for resident weights and token
+ * embeddings only; routed experts come from the fetcher's arena), the resident
+ * weights of every layer, the fetch client and the output file. Buffers are sized
+ * at open; a step allocates nothing beyond what the CPU reference does for itself.
+ */
+#include "compute.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "client.h"
+#include "expert_map.h"
+#include "gguf.h"
+#include "moe_ref.h"
+#include "moe_types.h"
+#include "proto.h"
+#include "quant.h"
+#include "router.h"
+#include "synth.h"
+#include "trace.h"
+
+#define TRACE_CAPACITY (1u << 18)
+
+typedef struct layer_w {
+    float *ffn_norm;    /* [dim] f32 */
+    uint16_t *router;   /* [n_expert][dim] bf16 */
+    float *bias;        /* [n_expert] f32 */
+    void *shared[3];    /* shared expert gate/up/down raw blocks */
+    sl_moe_layer_w moe; /* views of the above */
+} layer_w;
+
+typedef struct stage_times {
+    uint64_t route_ns, wait_ns, compute_ns;
+} stage_times;
+
+struct sl_compute {
+    sl_compute_options opt;
+    char endpoint[512];
+    sl_gguf *gguf;
+    sl_model_config cfg;
+    sl_expert_map *map;
+    sl_moe_shape shape;
+    layer_w *layers; /* [n_layer] */
+    const sl_gguf_tensor *embd;
+    uint8_t *embd_row;        /* one row of token_embd, raw */
+    float *f32;               /* [dim] scratch */
+    float *logits;            /* [n_expert] router logits */
+    uint16_t *h, *x, *y;      /* [dim] bf16: residual stream, normed input, MoE output */
+    sl_moe_expert_w *experts; /* [n_expert] views into pinned slots */
+    sl_fetch_client *client;
+    sl_trace *trace;
+    FILE *out;
+    /* counters */
+    uint64_t steps_done;
+    uint64_t hit_shm, hit_fetcher, from_disk;
+    uint64_t read_us;
+    stage_times t;
+    uint64_t run_ns;
+};
+
+/* ---------------------------------------------------------------- options */
+
+void sl_compute_options_default(sl_compute_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->steps = 16;
+    o->seed = 1;
+    o->timeout_ms = 60000;
+    o->backend = SL_BACKEND_CPU;
+}
+
+static int parse_u64(const char *flag, const char *s, uint64_t lo, uint64_t hi, uint64_t *out,
+                     sl_err *err)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || *end || errno || s[0] == '-' || v < lo || v > hi)
+        return sl_err_set(err, SL_EINVAL,
+                          "%s %s: expected a whole number from %" PRIu64 " to %" PRIu64, flag, s,
+                          lo, hi);
+    *out = v;
+    return 0;
+}
+
+enum opt_id {
+    OPT_MODEL,
+    OPT_ENDPOINT,
+    OPT_STEPS,
+    OPT_SEED,
+    OPT_OUT,
+    OPT_TRACE,
+    OPT_TIMEOUT,
+    OPT_QUIET,
+    OPT_HELP
+};
+
+static const struct opt_def {
+    enum opt_id id;
+    const char *shrt, *lng, *arg, *help;
+} opt_table[] = {
+    {OPT_MODEL, "-m", "--model", "FILE", "checkpoint: any shard of it (required)"},
+    {OPT_ENDPOINT, NULL, "--endpoint", "URL", "the fetcher's endpoint (default: the model's)"},
+    {OPT_STEPS, "-n", "--steps", "N", "decode steps (default 16)"},
+    {OPT_SEED, NULL, "--seed", "N", "seed of the tokens fed to the steps (default 1)"},
+    {OPT_OUT, "-o", "--out", "FILE", "write every step's output (bf16) to FILE"},
+    {OPT_TRACE, NULL, "--trace", "FILE", "write this process's spans as Chrome trace JSON"},
+    {OPT_TIMEOUT, NULL, "--timeout", "MS", "longest wait for one layer's experts (default 60000)"},
+    {OPT_QUIET, "-q", "--quiet", NULL, "no banner and no summary"},
+    {OPT_HELP, "-h", "--help", NULL, "this help"},
+};
+
+int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *out, sl_err *err)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const struct opt_def *d = NULL;
+        for (size_t k = 0; k < sizeof opt_table / sizeof opt_table[0]; k++)
+            if ((opt_table[k].shrt && !strcmp(a, opt_table[k].shrt)) ||
+                !strcmp(a, opt_table[k].lng))
+                d = &opt_table[k];
+        if (!d) return sl_err_set(err, SL_EINVAL, "unknown option '%s' (see --help)", a);
+        const char *v = NULL;
+        if (d->arg) {
+            if (i + 1 >= argc) return sl_err_set(err, SL_EINVAL, "%s needs %s", a, d->arg);
+            v = argv[++i];
+        }
+        uint64_t n = 0;
+        int rc = 0;
+        switch (d->id) {
+        case OPT_MODEL:
+            o->model = v;
+            break;
+        case OPT_ENDPOINT:
+            o->endpoint = v;
+            break;
+        case OPT_STEPS:
+            rc = parse_u64(a, v, 1, 1u << 30, &n, err);
+            o->steps = (uint32_t)n;
+            break;
+        case OPT_SEED:
+            rc = parse_u64(a, v, 0, UINT64_MAX, &o->seed, err);
+            break;
+        case OPT_OUT:
+            o->out_path = v;
+            break;
+        case OPT_TRACE:
+            o->trace_path = v;
+            break;
+        case OPT_TIMEOUT:
+            rc = parse_u64(a, v, 1, 86400000, &n, err);
+            o->timeout_ms = (uint32_t)n;
+            break;
+        case OPT_QUIET:
+            o->quiet = 1;
+            break;
+        case OPT_HELP:
+            fprintf(out,
+                    "usage: sluice-compute -m FIRST_SHARD [options]\n"
+                    "Runs decode steps of the MoE layers, experts served by sluice-fetcher.\n\n"
+                    "options:\n");
+            for (size_t k = 0; k < sizeof opt_table / sizeof opt_table[0]; k++) {
+                const struct opt_def *t = &opt_table[k];
+                char left[64];
+                snprintf(left, sizeof left, "%s%s%s%s%s", t->shrt ? t->shrt : "",
+                         t->shrt ? ", " : "    ", t->lng, t->arg ? " " : "", t->arg ? t->arg : "");
+                fprintf(out, "  %-24s %s\n", left, t->help);
+            }
+            return 1;
+        }
+        if (rc) return rc;
+    }
+    if (!o->model)
+        return sl_err_set(err, SL_EINVAL, "no model given: use -m FIRST_SHARD (see --help)");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- loading */
+
+/* Reads a whole tensor (checked against the wanted type and element count). */
+static int load_tensor(sl_compute *c, uint32_t kind, uint32_t layer, int want_type,
+                       uint64_t want_elems, void **out, sl_err *err)
+{
+    char name[SL_MODEL_TENSOR_NAME_MAX];
+    sl_model_tensor_name(name, sizeof name, kind, layer);
+    const sl_gguf_tensor *t = sl_gguf_find_tensor(c->gguf, name);
+    if (!t) return sl_err_set(err, SL_ENOTFOUND, "%s: tensor '%s' is missing", c->opt.model, name);
+    uint64_t elems = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    if ((want_type >= 0 && t->type != (uint32_t)want_type) || elems != want_elems)
+        return sl_err_set(
+            err, SL_EFORMAT,
+            "%s: tensor '%s' is %s with %" PRIu64 " values, expected %s with %" PRIu64,
+            c->gguf->shards[t->shard].path, name, sl_qtype_get(t->type)->name, elems,
+            want_type >= 0 ? sl_qtype_get((uint32_t)want_type)->name : "any type", want_elems);
+    uint8_t *buf = malloc(t->n_bytes);
+    if (!buf) return sl_err_set(err, SL_ENOMEM, "out of memory for tensor '%s'", name);
+    const sl_gguf_shard *sh = &c->gguf->shards[t->shard];
+    for (uint64_t got = 0; got < t->n_bytes;) {
+        ssize_t n = pread(sh->fd, buf + got, t->n_bytes - got, (off_t)(t->offset + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : 0;
+            free(buf);
+            if (!e)
+                return sl_err_set(err, SL_EFORMAT, "%s: tensor '%s' ends early", sh->path, name);
+            return sl_err_errno(err, SL_EIO, e, "pread(%s, off %" PRIu64 ", len %" PRIu64 ")",
+                                sh->path, t->offset + got, t->n_bytes - got);
+        }
+        got += (uint64_t)n;
+    }
+    *out = buf;
+    return 0;
+}
+
+static int load_layers(sl_compute *c, sl_err *err)
+{
+    const sl_model_config *m = &c->cfg;
+    c->layers = calloc(m->n_layer, sizeof *c->layers);
+    if (!c->layers) return sl_err_set(err, SL_ENOMEM, "out of memory");
+    static const uint32_t sh_kind[3] = {SL_MODEL_TENSOR_FFN_GATE_SHEXP,
+                                        SL_MODEL_TENSOR_FFN_UP_SHEXP,
+                                        SL_MODEL_TENSOR_FFN_DOWN_SHEXP};
+    for (uint32_t l = 0; l < m->n_layer; l++) {
+        layer_w *w = &c->layers[l];
+        int rc = load_tensor(c, SL_MODEL_TENSOR_FFN_NORM, l, SL_QTYPE_F32, m->dim,
+                             (void **)&w->ffn_norm, err);
+        if (!rc)
+            rc = load_tensor(c, SL_MODEL_TENSOR_FFN_GATE_INP, l, SL_QTYPE_BF16,
+                             (uint64_t)m->dim * m->n_expert, (void **)&w->router, err);
+        if (!rc)
+            rc = load_tensor(c, SL_MODEL_TENSOR_EXP_PROBS_B, l, SL_QTYPE_F32, m->n_expert,
+                             (void **)&w->bias, err);
+        for (int p = 0; p < 3 && !rc; p++)
+            rc = load_tensor(c, sh_kind[p], l, -1, (uint64_t)m->dim * m->moe_inter, &w->shared[p],
+                             err);
+        if (rc) return rc;
+        w->moe.router = w->router;
+        w->moe.bias = w->bias;
+        w->moe.shared.gate = w->shared[0];
+        w->moe.shared.up = w->shared[1];
+        w->moe.shared.down = w->shared[2];
+    }
+    /* The shared expert's types, as stored (Q2_K/Q3_K, or BF16). */
+    char name[SL_MODEL_TENSOR_NAME_MAX];
+    uint32_t *sh_type[3] = {&c->shape.sh_gate_type, &c->shape.sh_up_type, &c->shape.sh_down_type};
+    for (int p = 0; p < 3; p++) {
+        sl_model_tensor_name(name, sizeof name, sh_kind[p], 0);
+        *sh_type[p] = sl_gguf_find_tensor(c->gguf, name)->type;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- open/close */
+
+int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
+{
+    *out = NULL;
+    sl_compute *c = calloc(1, sizeof *c);
+    if (!c) return sl_err_set(err, SL_ENOMEM, "out of memory");
+    c->opt = *o;
+    int rc = sl_gguf_open(&c->gguf, o->model, err);
+    if (!rc) rc = sl_model_config_read(c->gguf, &c->cfg, err);
+    if (!rc) rc = sl_expert_map_build(&c->map, c->gguf, SL_SLOT_ALIGN, err);
+    if (rc) goto fail;
+    const sl_model_config *m = &c->cfg;
+    c->shape = (sl_moe_shape){.dim = m->dim,
+                              .inter = m->moe_inter,
+                              .n_expert = m->n_expert,
+                              .n_used = m->n_expert_used,
+                              .gate_type = c->map->type[SL_EXPERT_GATE],
+                              .up_type = c->map->type[SL_EXPERT_UP],
+                              .down_type = c->map->type[SL_EXPERT_DOWN],
+                              .route_scale = m->route_scale,
+                              .norm_topk = m->norm_topk_prob,
+                              .swiglu_limit = m->swiglu_limit,
+                              .gate_temp = m->gate_temp};
+    if (m->n_expert_used > 64 || m->n_expert_used > SL_PROTO_FETCH_MAX) {
+        rc = sl_err_set(err, SL_EUNSUPPORTED, "%u experts per token: at most 64 are supported",
+                        m->n_expert_used);
+        goto fail;
+    }
+    rc = load_layers(c, err);
+    if (rc) goto fail;
+    char name[SL_MODEL_TENSOR_NAME_MAX];
+    sl_model_tensor_name(name, sizeof name, SL_MODEL_TENSOR_TOKEN_EMBD, 0);
+    c->embd = sl_gguf_find_tensor(c->gguf, name);
+    if (!c->embd || c->embd->ne[0] != m->dim || !sl_qtype_get(c->embd->type)->decodable) {
+        rc = sl_err_set(err, SL_EFORMAT, "%s: no usable '%s'", o->model, name);
+        goto fail;
+    }
+    c->embd_row = malloc(sl_qtype_row_bytes(c->embd->type, m->dim));
+    c->f32 = malloc(sizeof(float) * m->dim);
+    c->logits = malloc(sizeof(float) * m->n_expert);
+    c->h = malloc(sizeof(uint16_t) * m->dim);
+    c->x = malloc(sizeof(uint16_t) * m->dim);
+    c->y = malloc(sizeof(uint16_t) * m->dim);
+    c->experts = calloc(m->n_expert, sizeof *c->experts);
+    if (!c->embd_row || !c->f32 || !c->logits || !c->h || !c->x || !c->y || !c->experts) {
+        rc = sl_err_set(err, SL_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (o->trace_path) {
+        rc = sl_trace_open(&c->trace, "sluice-compute", TRACE_CAPACITY, err);
+        if (rc) goto fail;
+    }
+    if (o->out_path) {
+        c->out = fopen(o->out_path, "wb");
+        if (!c->out) {
+            rc = sl_err_errno(err, SL_EIO, errno, "fopen(%s)", o->out_path);
+            goto fail;
+        }
+    }
+    if (o->endpoint) {
+        sl_strlcpy(c->endpoint, o->endpoint, sizeof c->endpoint);
+    } else {
+        rc = sl_fetch_default_endpoint(c->endpoint, sizeof c->endpoint, c->gguf->fingerprint, 0,
+                                       err);
+        if (rc) goto fail;
+    }
+    sl_fetch_client_options co;
+    sl_fetch_client_options_default(&co, c->endpoint);
+    co.fingerprint = c->gguf->fingerprint;
+    co.connect_ms = o->timeout_ms;
+    rc = sl_fetch_client_open(&c->client, &co, err);
+    if (rc) goto fail;
+    const sl_proto_welcome *w = sl_fetch_client_welcome(c->client);
+    if (w->n_layer != m->n_layer || w->n_expert != m->n_expert) {
+        rc = sl_err_set(err, SL_EMISMATCH,
+                        "the fetcher serves %u x %u experts, the model has %u x %u", w->n_layer,
+                        w->n_expert, m->n_layer, m->n_expert);
+        goto fail;
+    }
+    if (!o->quiet)
+        fprintf(stderr,
+                "sluice-compute: %s: %u layers, dim %u, %u experts (top %u) of %u; CPU reference "
+                "backend; fetcher at %s, arena %s (%u slots)\n",
+                o->model, m->n_layer, m->dim, m->n_expert, m->n_expert_used, m->moe_inter,
+                c->endpoint, w->arena_name, w->slot_count);
+    *out = c;
+    return 0;
+fail:
+    sl_compute_close(&c);
+    return rc;
+}
+
+void sl_compute_close(sl_compute **pc)
+{
+    if (!pc || !*pc) return;
+    sl_compute *c = *pc;
+    if (c->trace && c->opt.trace_path) {
+        sl_err e = {0};
+        if (sl_trace_write_json(c->trace, c->opt.trace_path, &e))
+            fprintf(stderr, "sluice-compute: %s\n", e.msg);
+    }
+    sl_fetch_client_close(&c->client);
+    if (c->out) fclose(c->out);
+    if (c->layers) {
+        for (uint32_t l = 0; l < c->cfg.n_layer; l++) {
+            layer_w *w = &c->layers[l];
+            free(w->ffn_norm);
+            free(w->router);
+            free(w->bias);
+            for (int p = 0; p < 3; p++) free(w->shared[p]);
+        }
+        free(c->layers);
+    }
+    sl_trace_close(&c->trace);
+    free(c->embd_row);
+    free(c->f32);
+    free(c->logits);
+    free(c->h);
+    free(c->x);
+    free(c->y);
+    free(c->experts);
+    sl_expert_map_free(&c->map);
+    sl_gguf_close(&c->gguf);
+    free(c);
+    *pc = NULL;
+}
+
+/* ---------------------------------------------------------------- one step */
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* h = the embedding row of the step's token. */
+static int embed(sl_compute *c, uint64_t step, sl_err *err)
+{
+    uint32_t token = (uint32_t)(splitmix64(c->opt.seed * 1000003u + step) % c->cfg.vocab);
+    uint64_t row = sl_qtype_row_bytes(c->embd->type, c->cfg.dim);
+    const sl_gguf_shard *sh = &c->gguf->shards[c->embd->shard];
+    uint64_t off = c->embd->offset + (uint64_t)token * row;
+    if (pread(sh->fd, c->embd_row, row, (off_t)off) != (ssize_t)row)
+        return sl_err_errno(err, SL_EIO, errno, "pread(%s, off %" PRIu64 ", len %" PRIu64 ")",
+                            sh->path, off, row);
+    sl_quant_decode(c->embd->type, c->embd_row, c->f32, c->cfg.dim);
+    for (uint32_t i = 0; i < c->cfg.dim; i++) c->h[i] = sl_f32_to_bf16(c->f32[i]);
+    return 0;
+}
+
+/* x = bf16(w * (h * rsqrt(mean(h^2) + eps))), all f32 (MODEL.md §2.1). */
+static void ffn_norm(sl_compute *c, const float *w)
+{
+    uint32_t n = c->cfg.dim;
+    float ss = 0.0f;
+    for (uint32_t i = 0; i < n; i++) {
+        float v = sl_bf16_to_f32(c->h[i]);
+        ss += v * v;
+    }
+    float r = 1.0f / sqrtf(ss / (float)n + c->cfg.norm_eps);
+    for (uint32_t i = 0; i < n; i++) c->x[i] = sl_f32_to_bf16(w[i] * (sl_bf16_to_f32(c->h[i]) * r));
+}
+
+/* Points the expert table at the pinned slots: each part's bytes start `skip` bytes
+ * into its region, skip being the slice's file offset modulo the alignment. */
+static void bind_experts(sl_compute *c, uint32_t layer, const sl_fetch_pin *pins, uint32_t n)
+{
+    sl_arena *a = sl_fetch_client_arena(c->client);
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *slot = sl_arena_slot_data(a, pins[i].slot);
+        const void *part[3];
+        for (int p = 0; p < 3; p++) {
+            const sl_expert_slice *s = sl_expert_map_slice(c->map, layer, pins[i].expert, p);
+            part[p] = slot + a->hdr->part_offset[p] + s->offset % a->hdr->align;
+        }
+        c->experts[pins[i].expert] = (sl_moe_expert_w){part[0], part[1], part[2]};
+    }
+}
+
+static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
+{
+    layer_w *w = &c->layers[l];
+    uint64_t t0 = sl_now_ns();
+    ffn_norm(c, w->ffn_norm);
+    sl_moe_route route;
+    int rc = sl_router_route(c->x, &w->moe, &c->shape, c->logits, &route, err);
+    if (rc) return rc;
+    uint64_t t1 = sl_now_ns();
+    sl_fetch_pin pins[64];
+    rc = sl_fetch_client_get(c->client, l, route.expert, c->shape.n_used, pins, c->opt.timeout_ms,
+                             err);
+    if (rc) return sl_err_prefix(err, "layer %u", l);
+    uint64_t t2 = sl_now_ns();
+    for (uint32_t i = 0; i < c->shape.n_used; i++) {
+        if (!pins[i].from_fetcher)
+            c->hit_shm++;
+        else if (pins[i].source == SL_PROTO_SRC_HIT)
+            c->hit_fetcher++;
+        else {
+            c->from_disk++;
+            c->read_us += pins[i].read_us;
+        }
+    }
+    bind_experts(c, l, pins, c->shape.n_used);
+    rc = sl_moe_ref_apply(&c->shape, c->experts, &w->moe.shared, &route, c->x, c->y, NULL, err);
+    sl_fetch_client_put(c->client, pins, c->shape.n_used, NULL);
+    if (rc) return rc;
+    for (uint32_t i = 0; i < c->cfg.dim; i++)
+        c->h[i] = sl_f32_to_bf16(sl_bf16_to_f32(c->h[i]) + sl_bf16_to_f32(c->y[i]));
+    uint64_t t3 = sl_now_ns();
+    c->t.route_ns += t1 - t0;
+    c->t.wait_ns += t2 - t1;
+    c->t.compute_ns += t3 - t2;
+    sl_trace_add(c->trace, "route", (int32_t)l, -1, 0, t0, t1);
+    sl_trace_add(c->trace, "wait", (int32_t)l, -1, 0, t1, t2);
+    sl_trace_add(c->trace, "compute", (int32_t)l, -1, 0, t2, t3);
+    return 0;
+}
+
+int sl_compute_run(sl_compute *c, sl_err *err)
+{
+    uint64_t start = sl_now_ns();
+    for (uint64_t s = 0; s < c->opt.steps; s++) {
+        int rc = embed(c, s, err);
+        for (uint32_t l = 0; l < c->cfg.n_layer && !rc; l++) rc = layer_step(c, l, err);
+        if (rc) return sl_err_prefix(err, "step %" PRIu64, s);
+        if (c->out && fwrite(c->h, sizeof(uint16_t), c->cfg.dim, c->out) != c->cfg.dim)
+            return sl_err_errno(err, SL_EIO, errno, "writing %s", c->opt.out_path);
+        c->steps_done++;
+    }
+    if (c->out && fflush(c->out) != 0)
+        return sl_err_errno(err, SL_EIO, errno, "writing %s", c->opt.out_path);
+    c->run_ns = sl_now_ns() - start;
+    return 0;
+}
+
+void sl_compute_print_summary(sl_compute *c, FILE *out)
+{
+    double secs = (double)c->run_ns / 1e9;
+    uint64_t total = c->hit_shm + c->hit_fetcher + c->from_disk;
+    uint64_t expert_bytes = c->map->part_bytes[0] + c->map->part_bytes[1] + c->map->part_bytes[2];
+    double per_step = c->steps_done ? 1.0 / (double)c->steps_done : 0.0;
+    fprintf(out,
+            "sluice-compute: %" PRIu64 " steps in %.3f s: %.2f tokens/s\n"
+            "  experts: %" PRIu64 " asked; T1 hits %.1f%% (%.1f%% from the shared table, "
+            "%.1f%% by FETCH), misses %.1f%%; %.3f GB read from disk (mean read %.0f us)\n"
+            "  per step: route %.2f ms, wait %.2f ms, compute %.2f ms; fetcher restarts seen: "
+            "%u\n",
+            c->steps_done, secs, secs > 0 ? (double)c->steps_done / secs : 0.0, total,
+            total ? 100.0 * (double)(c->hit_shm + c->hit_fetcher) / (double)total : 0.0,
+            total ? 100.0 * (double)c->hit_shm / (double)total : 0.0,
+            total ? 100.0 * (double)c->hit_fetcher / (double)total : 0.0,
+            total ? 100.0 * (double)c->from_disk / (double)total : 0.0,
+            (double)(c->from_disk * expert_bytes) / 1e9,
+            c->from_disk ? (double)c->read_us / (double)c->from_disk : 0.0,
+            (double)c->t.route_ns / 1e6 * per_step, (double)c->t.wait_ns / 1e6 * per_step,
+            (double)c->t.compute_ns / 1e6 * per_step, sl_fetch_client_reconnects(c->client));
+}

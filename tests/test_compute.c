@@ -1,0 +1,244 @@
+/* test_compute.c - sluice-compute end to end against the real sluice-fetcher, on a
+ * `tiny` checkpoint, through the CPU path of the pipeline (CUDA is not needed).
+ *
+ * The outputs of a 64-step decode must be byte-identical whatever happens around
+ * them: another arena size, the fetcher killed with -9 at a random moment and started
+ * again (20 trials), or a compute process killed mid-run and replaced.
+ */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "synth.h"
+
+#define STEPS "64"
+
+typedef struct rig {
+    char dir[64], model[160], endpoint[160], log[160];
+    pid_t fetcher;
+} rig;
+
+static pid_t spawn(const char *log, const char *const *argv)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int wait_exit(pid_t pid, int seconds)
+{
+    int st = 0;
+    for (int i = 0; i < seconds * 100; i++) {
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return 255;
+}
+
+static void rig_open(rig *r, uint64_t seed)
+{
+    strcpy(r->dir, "/tmp/sl-compute-XXXXXX");
+    cr_assert_not_null(mkdtemp(r->dir));
+    sl_model_config cfg;
+    sl_err err = {0};
+    cr_assert_eq(sl_model_config_preset(&cfg, "tiny", &err), 0, "%s", err.msg);
+    seed = seed * 1000003u + (uint64_t)getpid(); /* distinct arenas across parallel runs */
+    cr_assert_eq(sl_synth_write(&cfg, r->dir, 2, seed, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    snprintf(r->model, sizeof r->model, "%s/%s-00001-of-00002.gguf", r->dir, cfg.name);
+    snprintf(r->endpoint, sizeof r->endpoint, "ipc://%s/f.sock", r->dir);
+    snprintf(r->log, sizeof r->log, "%s/log", r->dir);
+}
+
+static void start_fetcher(rig *r, const char *slots)
+{
+    const char *argv[] = {SL_BIN_DIR "/sluice-fetcher",
+                          "-m",
+                          r->model,
+                          "--endpoint",
+                          r->endpoint,
+                          "--arena-slots",
+                          slots,
+                          "--no-mlock",
+                          "--readers",
+                          "4",
+                          "-q",
+                          NULL};
+    r->fetcher = spawn(r->log, argv);
+}
+
+static void kill_fetcher(rig *r, int sig)
+{
+    kill(r->fetcher, sig);
+    wait_exit(r->fetcher, 30);
+    r->fetcher = 0;
+}
+
+static pid_t start_compute(rig *r, const char *out)
+{
+    const char *argv[] = {SL_BIN_DIR "/sluice-compute",
+                          "-m",
+                          r->model,
+                          "--endpoint",
+                          r->endpoint,
+                          "-n",
+                          STEPS,
+                          "--seed",
+                          "5",
+                          "-o",
+                          out,
+                          "-q",
+                          NULL};
+    return spawn(r->log, argv);
+}
+
+static void rig_close(rig *r)
+{
+    if (r->fetcher) kill_fetcher(r, SIGTERM);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", r->dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+static void same_bytes(const char *a, const char *b, const char *what, const char *log)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
+    int rc = system(cmd);
+    char tail[2048] = "";
+    FILE *f = fopen(log, "r");
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        long n = ftell(f);
+        fseek(f, n > 2000 ? n - 2000 : 0, SEEK_SET);
+        size_t got = fread(tail, 1, sizeof tail - 1, f);
+        tail[got] = '\0';
+        fclose(f);
+    }
+    cr_assert_eq(rc, 0, "%s: outputs differ from the uninterrupted run\n%s", what, tail);
+    struct stat st;
+    cr_assert_eq(stat(a, &st), 0);
+    cr_assert_eq(st.st_size, 64 * 256 * 2, "64 steps of 256 bf16 values");
+}
+
+/* The reference: an uninterrupted run with every expert fitting in the arena. */
+static void reference(rig *r, char *ref, size_t cap)
+{
+    snprintf(ref, cap, "%s/ref.bin", r->dir);
+    start_fetcher(r, "96");
+    cr_assert_eq(wait_exit(start_compute(r, ref), 120), 0, "reference run failed");
+    kill_fetcher(r, SIGTERM);
+}
+
+/* trials of: a 64-step run with a 40-slot arena, the fetcher killed with -9 at a random
+ * moment (0-1.5 s in) and started again at once. */
+static void restart_trials(uint64_t seed, int trials)
+{
+    rig r = {0};
+    rig_open(&r, seed);
+    char ref[200], out[200];
+    reference(&r, ref, sizeof ref);
+    srand((unsigned)(time(NULL) ^ (seed << 8)));
+    for (int t = 0; t < trials; t++) {
+        snprintf(out, sizeof out, "%s/out%d.bin", r.dir, t);
+        start_fetcher(&r, "40");
+        pid_t c = start_compute(&r, out);
+        usleep((useconds_t)(rand() % 1500) * 1000u);
+        kill_fetcher(&r, SIGKILL);
+        start_fetcher(&r, "40");
+        int code = wait_exit(c, 120);
+        cr_assert_eq(code, 0, "trial %d: sluice-compute exited with %d", t, code);
+        char what[64];
+        snprintf(what, sizeof what, "restart trial %d", t);
+        same_bytes(out, ref, what, r.log);
+        kill_fetcher(&r, SIGTERM);
+    }
+    rig_close(&r);
+}
+
+/* 4 x 5 = 20 trials, split so that the runner's jobs can take them in parallel. */
+Test(compute, fetcher_restarts_a, .timeout = 300)
+{
+    restart_trials(1, 5);
+}
+Test(compute, fetcher_restarts_b, .timeout = 300)
+{
+    restart_trials(2, 5);
+}
+Test(compute, fetcher_restarts_c, .timeout = 300)
+{
+    restart_trials(3, 5);
+}
+Test(compute, fetcher_restarts_d, .timeout = 300)
+{
+    restart_trials(4, 5);
+}
+
+Test(compute, a_dead_compute_leaves_the_fetcher_serving_the_next, .timeout = 300)
+{
+    rig r = {0};
+    rig_open(&r, 5);
+    char ref[200], out[200];
+    reference(&r, ref, sizeof ref);
+    start_fetcher(&r, "40");
+    snprintf(out, sizeof out, "%s/dead.bin", r.dir);
+    pid_t c = start_compute(&r, out);
+    usleep(400000);
+    kill(c, SIGKILL);
+    wait_exit(c, 30);
+    /* The next compute process finds the same fetcher and gets the same outputs. */
+    snprintf(out, sizeof out, "%s/next.bin", r.dir);
+    cr_assert_eq(wait_exit(start_compute(&r, out), 120), 0);
+    same_bytes(out, ref, "after a dead compute process", r.log);
+    cr_assert_eq(kill(r.fetcher, 0), 0, "the fetcher kept running");
+    rig_close(&r);
+}
+
+Test(compute, no_fetcher_is_one_clear_error, .timeout = 60)
+{
+    rig r = {0};
+    rig_open(&r, 6);
+    char out[200];
+    snprintf(out, sizeof out, "%s/none.bin", r.dir);
+    const char *argv[] = {SL_BIN_DIR "/sluice-compute",
+                          "-m",
+                          r.model,
+                          "--endpoint",
+                          r.endpoint,
+                          "-n",
+                          "1",
+                          "--timeout",
+                          "500",
+                          "-o",
+                          out,
+                          NULL};
+    cr_assert_eq(wait_exit(spawn(r.log, argv), 30), 1);
+    FILE *f = fopen(r.log, "r");
+    char buf[1024];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    cr_assert(strstr(buf, "no fetcher answered"), "%s", buf);
+    rig_close(&r);
+}
