@@ -18,13 +18,13 @@ typedef struct sl_moe_expert_w {
 } sl_moe_expert_w;
 
 typedef struct sl_moe_shape {
-    uint32_t dim;      /* model dim (V4.1: 5120) */
-    uint32_t inter;    /* expert hidden size (V4.1: 2304) */
-    uint32_t n_expert; /* routed experts (V4.1: 384) */
-    uint32_t n_used;   /* experts picked per token (V4.1: 6) */
+    uint32_t dim;                                    /* model dim (V4.1: 5120) */
+    uint32_t inter;                                  /* expert hidden size (V4.1: 2304) */
+    uint32_t n_expert;                               /* routed experts (V4.1: 384) */
+    uint32_t n_used;                                 /* experts picked per token (V4.1: 6) */
     uint32_t gate_type, up_type, down_type;          /* routed: Q2_K, Q2_K, Q3_K */
     uint32_t sh_gate_type, sh_up_type, sh_down_type; /* shared: Q2_K/Q2_K/Q3_K, or BF16 */
-    float route_scale;  /* 1.5 */
+    float route_scale;                               /* 1.5 */
     int norm_topk;      /* 1: renormalise the picked scores (with the 1e-20 guard) */
     float swiglu_limit; /* 10.0: up clamped to [-l, l], gate to (-inf, l] */
     float gate_temp;    /* 1.0: logits are divided by it */
