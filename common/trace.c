@@ -140,3 +140,87 @@ int sl_trace_write_json(const sl_trace *t, const char *path, sl_err *err)
     }
     return 0;
 }
+
+/* The text between the brackets of "traceEvents": [...] of a file we wrote. */
+static char *read_events(const char *path, size_t *len, sl_err *err, int *missing)
+{
+    *missing = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT) {
+            *missing = 1;
+            return NULL;
+        }
+        sl_err_errno(err, SL_EIO, errno, "fopen(%s)", path);
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n + 65536 > cap) {
+            cap = cap ? cap * 2 : 1 << 20;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                sl_err_set(err, SL_ENOMEM, "reading %s: out of memory", path);
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    fclose(f);
+    buf[n] = '\0';
+    char *open = strstr(buf, "\"traceEvents\":[");
+    char *close = strrchr(buf, ']');
+    if (!open || !close || close < open) {
+        free(buf);
+        sl_err_set(err, SL_EFORMAT, "%s: not a sluice trace (no traceEvents array)", path);
+        return NULL;
+    }
+    open += strlen("\"traceEvents\":[");
+    *len = (size_t)(close - open);
+    memmove(buf, open, *len);
+    buf[*len] = '\0';
+    return buf;
+}
+
+int sl_trace_merge_json(const char *const *paths, int n, const char *out, int *merged, sl_err *err)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return sl_err_errno(err, SL_EIO, errno, "fopen(%s)", tmp);
+    fprintf(f, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[");
+    int done = 0, rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        size_t len = 0;
+        int missing = 0;
+        char *ev = read_events(paths[i], &len, err, &missing);
+        if (missing) continue;
+        if (!ev) {
+            rc = err ? err->code : SL_EIO;
+            break;
+        }
+        /* Trim, and join with a comma. */
+        size_t a = 0;
+        while (a < len && (ev[a] == '\n' || ev[a] == ' ')) a++;
+        while (len > a && (ev[len - 1] == '\n' || ev[len - 1] == ' ')) len--;
+        if (len > a) {
+            fprintf(f, "%s\n", done ? "," : "");
+            fwrite(ev + a, 1, len - a, f);
+            done++;
+        }
+        free(ev);
+    }
+    fprintf(f, "\n]}\n");
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) rc = rc ? rc : sl_err_errno(err, SL_EIO, errno, "writing %s", tmp);
+    if (!rc && rename(tmp, out) != 0) rc = sl_err_errno(err, SL_EIO, errno, "rename(%s)", tmp);
+    if (rc) unlink(tmp);
+    if (merged) *merged = done;
+    return rc;
+}

@@ -43,6 +43,12 @@ uint64_t sl_trace_dropped(const sl_trace *t);
  * metadata event. The file is written to path.tmp and renamed. */
 int sl_trace_write_json(const sl_trace *t, const char *path, sl_err *err);
 
+/* Merges Chrome trace JSON files written by sl_trace_write_json (one per process)
+ * into one file at out: their events side by side, each keeping its process track.
+ * Missing inputs are skipped (a process that died wrote none); the count of merged
+ * files is returned in *merged. */
+int sl_trace_merge_json(const char *const *paths, int n, const char *out, int *merged, sl_err *err);
+
 /* CLOCK_MONOTONIC now, in nanoseconds. */
 uint64_t sl_now_ns(void);
 

@@ -242,3 +242,37 @@ Test(compute, no_fetcher_is_one_clear_error, .timeout = 60)
     cr_assert(strstr(buf, "no fetcher answered"), "%s", buf);
     rig_close(&r);
 }
+
+Test(compute, front_end_runs_both_processes_and_merges_their_traces, .timeout = 120)
+{
+    rig r = {0};
+    rig_open(&r, 7);
+    char trace[200], out[200];
+    snprintf(trace, sizeof trace, "%s/merged.json", r.dir);
+    snprintf(out, sizeof out, "%s/front.bin", r.dir);
+    const char *argv[] = {
+        SL_BIN_DIR "/sluice", "bench", "moe", "-m",      r.model, "-n", "4", "--arena-slots", "40",
+        "--no-mlock",         "-o",    out,   "--trace", trace,   NULL};
+    cr_assert_eq(wait_exit(spawn(r.log, argv), 60), 0);
+    FILE *f = fopen(trace, "r");
+    cr_assert_not_null(f);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    /* Spans of both processes: reads on the fetcher's side, the stages on compute's. */
+    cr_assert(strstr(buf, "\"sluice-fetcher\"") && strstr(buf, "\"sluice-compute\""), "%.500s",
+              buf);
+    const char *names[] = {"\"read\"", "\"route\"", "\"wait\"", "\"compute\""};
+    for (int i = 0; i < 4; i++) cr_assert(strstr(buf, names[i]), "no %s span", names[i]);
+    struct stat st;
+    cr_assert_eq(stat(out, &st), 0);
+    cr_assert_eq(st.st_size, 4 * 256 * 2);
+    f = fopen(r.log, "r");
+    n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    cr_assert(strstr(buf, "tokens/s") && strstr(buf, "hits") && strstr(buf, "per step: route"),
+              "every run ends with a summary: %s", buf);
+    rig_close(&r);
+}
