@@ -2,12 +2,18 @@
  *
  * Everything CUDA lives in the .cu files of compute/, behind this header; host code never sees a
  * CUDA type. Each entry checks its arguments and every CUDA call, and reports
- * failures through sl_err. No entry keeps global mutable state.
+ * failures through sl_err. No entry keeps global mutable state: what the kernels
+ * need lives in an sl_gpu_ctx. docs/kernels.md describes the arithmetic.
  */
 #ifndef SL_GPU_H
 #define SL_GPU_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "err.h"
+#include "quant.h"
+#include "moe_types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -19,6 +25,73 @@ int sl_gpu_device_count(int *n, sl_err *err);
 
 /* One line describing device `dev` (name, compute capability, memory) into buf. */
 int sl_gpu_describe(int dev, char *buf, unsigned long len, sl_err *err);
+
+/* ---- context ---- */
+
+/* Most experts per token one launch handles (V4.1 picks 6). */
+#define SL_GPU_MAX_USED 8
+
+/* Everything the MoE kernels of one layer shape need on one device: two streams
+ * (main, and a side stream for the shared expert), events, and scratch sized at
+ * open. One thread drives a context; contexts are independent. */
+typedef struct sl_gpu_ctx sl_gpu_ctx;
+
+/* Opens a context on device dev for layers of `shape` (dim and inter multiples of
+ * 256, dim <= 12288, inter <= 4608, n_used <= SL_GPU_MAX_USED, routed Q2_K/Q2_K/Q3_K,
+ * shared Q2_K/Q2_K/Q3_K or BF16). Costs a few ms (streams, scratch, occupancy). */
+int sl_gpu_open(sl_gpu_ctx **ctx, int dev, const sl_moe_shape *shape, sl_err *err);
+
+/* Waits for the context's work, frees everything, sets *ctx to NULL. NULL is fine. */
+void sl_gpu_close(sl_gpu_ctx **ctx);
+
+/* Device memory and transfers (for the engine's resident weights, tests, benches).
+ * upload/download are synchronous with respect to the context's main stream. */
+int sl_gpu_malloc(sl_gpu_ctx *ctx, void **dev, size_t bytes, sl_err *err);
+void sl_gpu_free(sl_gpu_ctx *ctx, void *dev);
+int sl_gpu_upload(sl_gpu_ctx *ctx, void *dev, const void *host, size_t bytes, sl_err *err);
+int sl_gpu_download(sl_gpu_ctx *ctx, void *host, const void *dev, size_t bytes, sl_err *err);
+
+/* Registers host memory (e.g. the POSIX shm arena) as mapped and portable, so that
+ * kernels read it in place; *dev is the device address of host. */
+int sl_gpu_host_register(void *host, size_t bytes, void **dev, sl_err *err);
+int sl_gpu_host_unregister(void *host, sl_err *err);
+
+/* Waits for everything queued on the context's streams. */
+int sl_gpu_sync(sl_gpu_ctx *ctx, sl_err *err);
+
+/* ---- MoE layer (DESIGN.md "One decode step") ----
+ * All pointers named *_dev, and the weights, are device-visible (device memory or
+ * registered host memory), 16-byte aligned. Calls queue work and return without
+ * waiting, except sl_gpu_router_logits, which waits for its logits. */
+
+/* q8_1 of n (multiple of 32) bf16 values into n/32 blocks (the sl_block_q8_1 rules,
+ * bit-exact with sl_quant_q8_1 of the widened values). Main stream. */
+int sl_gpu_quant_q8_1(sl_gpu_ctx *ctx, const uint16_t *x_dev, uint32_t n, sl_block_q8_1 *dst_dev,
+                      sl_err *err);
+
+/* Router logits of x_dev [dim] bf16 against router_dev [n_expert][dim] bf16, in
+ * sl_router_logits' order, divided by gate_temp; waits and copies them into
+ * logits[n_expert] (host). */
+int sl_gpu_router_logits(sl_gpu_ctx *ctx, const uint16_t *x_dev, const uint16_t *router_dev,
+                         float *logits, sl_err *err);
+
+/* Queues the shared expert of x_dev on the side stream (after the work already on the
+ * main stream, which produced x); the next sl_gpu_moe_routed adds its output last. */
+int sl_gpu_moe_shared(sl_gpu_ctx *ctx, const uint16_t *x_dev, const sl_moe_expert_w *shared,
+                      sl_err *err);
+
+/* Queues the routed experts of one token on the main stream: route (experts and
+ * weights by rank) and w[n_used] (their device-visible weights by rank). Experts are
+ * run and summed in increasing expert id, then the shared expert if one was queued
+ * since the last call; out_dev [dim] bf16, out_f32_dev [dim] (nullable) the f32 sum. */
+int sl_gpu_moe_routed(sl_gpu_ctx *ctx, const uint16_t *x_dev, const sl_moe_route *route,
+                      const sl_moe_expert_w *w, uint16_t *out_dev, float *out_f32_dev, sl_err *err);
+
+/* Test hook: waits, then copies the last layer's intermediates to the host (each
+ * nullable): h [n_used][inter] (experts by increasing id), hq [n_used][inter] and
+ * hd [n_used][inter/32] (its q8_1), h_sh [inter], y_sh [dim] (the shared expert). */
+int sl_gpu_moe_peek(sl_gpu_ctx *ctx, float *h, int8_t *hq, float *hd, float *h_sh, float *y_sh,
+                    sl_err *err);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,376 @@
+/* moe.c - bench-moe: the MoE kernels on the GPU at the real dimensions of
+ * DeepSeek-V4.1-Flash (dim 5120, inter 2304, 6 of 384 experts, shared expert).
+ *
+ * Prints, measured in the same run: the HBM read ceiling (plain int4 read kernel) and
+ * each kernel variant's bytes/s for one token's routed experts (gate/up, down, both),
+ * checked bit-exact against the CPU emulation; the zero-copy ceiling of a registered
+ * POSIX shm mapping and the kernels reading experts in place from it; and the wall
+ * time of a whole all-hit MoE layer through compute/gpu.h (shared expert on the side
+ * stream, router GEMV with its download, host top-6, routed experts).
+ *
+ * usage: bench-moe [-o FILE.md] [--pool N] [--iters N]
+ */
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpu.h"
+#include "moe_emu.h"
+#include "quant.h"
+#include "moe_bench.h"
+
+#define DIM   5120
+#define INTER 2304
+#define NUSED 6
+
+typedef struct opts {
+    const char *out; /* markdown table file, or NULL */
+    int pool;        /* experts resident in device memory (sets rotate through them) */
+    int iters;
+} opts;
+
+static uint64_t rng = 0x1234567887654321ULL;
+
+static uint64_t rnd(void)
+{
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return rng * 0x2545F4914F6CDD1DULL;
+}
+
+static float urand(void)
+{
+    return (float)(rnd() >> 40) / 16777216.0f;
+}
+
+static void put_f16(uint8_t *p, float v)
+{
+    const sl_f16 h = sl_f32_to_f16(v);
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+static void fill_blocks(uint8_t *p, uint32_t type, uint64_t n, float scale)
+{
+    const uint32_t bb = type == SL_QTYPE_Q2_K ? 84 : 110;
+    for (uint64_t b = 0; b < n / 256; b++) {
+        uint8_t *blk = p + b * bb;
+        for (uint32_t i = 0; i < bb; i += 8) {
+            const uint64_t r = rnd();
+            memcpy(blk + i, &r, bb - i < 8 ? bb - i : 8);
+        }
+        if (type == SL_QTYPE_Q2_K) {
+            put_f16(blk + 80, scale * (0.5f + urand()));
+            put_f16(blk + 82, scale * (0.5f + urand()));
+        } else {
+            put_f16(blk + 108, scale * (0.5f + urand()));
+        }
+    }
+}
+
+static double now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define DIE(...)                                                                                   \
+    do {                                                                                           \
+        fprintf(stderr, "bench-moe: " __VA_ARGS__);                                                \
+        fputc('\n', stderr);                                                                       \
+        exit(1);                                                                                   \
+    } while (0)
+
+static FILE *md;
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    if (md) {
+        va_start(ap, fmt);
+        vfprintf(md, fmt, ap);
+        va_end(ap);
+    }
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    opts o = {NULL, 36, 200};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-o") && i + 1 < argc)
+            o.out = argv[++i];
+        else if (!strcmp(argv[i], "--pool") && i + 1 < argc)
+            o.pool = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
+            o.iters = atoi(argv[++i]);
+        else {
+            printf("usage: bench-moe [-o FILE.md] [--pool N (36)] [--iters N (200)]\n");
+            return strcmp(argv[i], "--help") ? 2 : 0;
+        }
+    }
+    if (o.pool < 12) o.pool = 12;
+    sl_err err = {0};
+    int ndev = 0;
+    if (sl_gpu_device_count(&ndev, &err)) DIE("%s", err.msg);
+    if (ndev == 0) {
+        printf("bench-moe: no GPU present, nothing measured\n");
+        return 0;
+    }
+    if (o.out && !(md = fopen(o.out, "w"))) DIE("fopen(%s) failed", o.out);
+    char desc[256];
+    if (sl_gpu_describe(0, desc, sizeof desc, &err)) DIE("%s", err.msg);
+
+    const sl_moe_shape s = {.dim = DIM,
+                            .inter = INTER,
+                            .n_expert = 384,
+                            .n_used = NUSED,
+                            .gate_type = SL_QTYPE_Q2_K,
+                            .up_type = SL_QTYPE_Q2_K,
+                            .down_type = SL_QTYPE_Q3_K,
+                            .sh_gate_type = SL_QTYPE_Q2_K,
+                            .sh_up_type = SL_QTYPE_Q2_K,
+                            .sh_down_type = SL_QTYPE_Q3_K,
+                            .route_scale = 1.5f,
+                            .norm_topk = 1,
+                            .swiglu_limit = 10.0f,
+                            .gate_temp = 1.0f};
+    sl_gpu_ctx *c = NULL;
+    if (sl_gpu_open(&c, 0, &s, &err)) DIE("%s", err.msg);
+
+    const uint64_t nel = (uint64_t)DIM * INTER;
+    const size_t bg = sl_qtype_row_bytes(SL_QTYPE_Q2_K, nel),
+                 bd = sl_qtype_row_bytes(SL_QTYPE_Q3_K, nel);
+    const size_t per_expert = 2 * bg + bd;
+    const double token_bytes = (double)NUSED * per_expert;
+    const int np = o.pool;
+
+    /* the pool: host copies (for the emulation and the shm arena) and device copies */
+    uint8_t *host = malloc(per_expert * np);
+    if (!host) DIE("malloc(%zu)", per_expert * np);
+    void **dev = calloc(np, sizeof *dev);
+    for (int e = 0; e < np; e++) {
+        uint8_t *p = host + per_expert * e;
+        fill_blocks(p, SL_QTYPE_Q2_K, nel, 0.004f);
+        fill_blocks(p + bg, SL_QTYPE_Q2_K, nel, 0.004f);
+        fill_blocks(p + 2 * bg, SL_QTYPE_Q3_K, nel, 0.0005f);
+        if (sl_gpu_malloc(c, &dev[e], per_expert, &err) ||
+            sl_gpu_upload(c, dev[e], p, per_expert, &err))
+            DIE("%s", err.msg);
+    }
+    uint16_t xh[DIM];
+    for (int i = 0; i < DIM; i++) xh[i] = sl_f32_to_bf16((urand() - 0.5f) * 4.0f);
+
+    say("# bench-moe, %s\n\n", desc);
+    say("dim %d, inter %d, %d experts of %zu bytes (Q2_K gate/up %zu B each, Q3_K down %zu B): "
+        "%.2f MB per token; pool of %d experts (%.0f MB) rotated so L2 never holds them; %d "
+        "iterations.\n\n",
+        DIM, INTER, NUSED, per_expert, bg, bd, token_bytes / 1e6, np, (double)per_expert * np / 1e6,
+        o.iters);
+
+    /* HBM ceiling */
+    void *big = NULL;
+    const size_t big_bytes = (size_t)2 << 30;
+    char msg[256] = "";
+    double hbm = 0;
+    if (sl_gpu_malloc(c, &big, big_bytes, &err)) DIE("%s", err.msg);
+    if (mb_read_ceiling(big, big_bytes, 10, &hbm, msg)) DIE("%s", msg);
+    sl_gpu_free(c, big);
+    say("HBM read ceiling (int4 read kernel, 2 GiB, best of 9): **%.0f GB/s**\n\n", hbm);
+
+    /* expert sets */
+    const int nsets = np / NUSED;
+    mb_set *sets = calloc(nsets, sizeof *sets);
+    for (int k = 0; k < nsets; k++)
+        for (int j = 0; j < NUSED; j++) {
+            const uint8_t *p = dev[k * NUSED + j];
+            sets[k].gate[j] = p;
+            sets[k].up[j] = p + bg;
+            sets[k].down[j] = p + 2 * bg;
+            sets[k].w[j] = 0.25f + 0.05f * j;
+        }
+    mb_io io = {.dim = DIM, .inter = INTER, .n = NUSED};
+    void *t;
+    if (sl_gpu_malloc(c, &t, DIM * 2, &err) || sl_gpu_upload(c, t, xh, DIM * 2, &err))
+        DIE("%s", err.msg);
+    io.x = t;
+    if (sl_gpu_malloc(c, (void **)&io.h, 8 * INTER * 4, &err) ||
+        sl_gpu_malloc(c, (void **)&io.hq, 8 * INTER, &err) ||
+        sl_gpu_malloc(c, (void **)&io.hd, 8 * INTER / 32 * 4, &err) ||
+        sl_gpu_malloc(c, (void **)&io.cnt, 8 * INTER / 32 * 4, &err) ||
+        sl_gpu_malloc(c, (void **)&io.out_f32, DIM * 4, &err) ||
+        sl_gpu_malloc(c, (void **)&io.out, DIM * 2, &err))
+        DIE("%s", err.msg);
+    {
+        unsigned zero[8 * INTER / 32] = {0};
+        if (sl_gpu_upload(c, io.cnt, zero, sizeof zero, &err)) DIE("%s", err.msg);
+    }
+
+    /* the emulation of set 0 (experts 0..5 of the pool, ids increasing = table order) */
+    sl_moe_route route = {{0}, {0}};
+    sl_moe_expert_w hw[NUSED];
+    for (int j = 0; j < NUSED; j++) {
+        route.expert[j] = (uint32_t)j;
+        route.weight[j] = sets[0].w[j];
+        const uint8_t *p = host + per_expert * j;
+        hw[j] = (sl_moe_expert_w){p, p + bg, p + 2 * bg};
+    }
+    static float want[DIM], got[DIM];
+    uint16_t want_bf[DIM];
+    if (sl_emu_moe(&s, xh, &route, hw, NULL, want_bf, want, NULL, &err)) DIE("%s", err.msg);
+
+    say("## Routed experts, one token (6 experts, %.2f MB), weights in device memory\n\n",
+        token_bytes / 1e6);
+    say("| variant | gate/up us | GB/s | down us | GB/s | both us | GB/s | x ceiling | vs "
+        "emulation |\n");
+    say("|---|---|---|---|---|---|---|---|---|\n");
+    for (int v = 0; v < mb_variant_count(); v++) {
+        double us[3];
+        for (int w = 0; w < 3; w++) {
+            const int which = (w + 1) % 3; /* 1, 2, 0: gate/up, down, both */
+            if (mb_variant_time(v, &io, sets, nsets, o.iters, which, &us[w], msg)) DIE("%s", msg);
+        }
+        if (sl_gpu_download(c, got, io.out_f32, sizeof got, &err)) DIE("%s", err.msg);
+        const int exact = !memcmp(got, want, sizeof got);
+        const double gu_b = (double)NUSED * 2 * bg, dn_b = (double)NUSED * bd;
+        say("| %s | %.1f | %.0f | %.1f | %.0f | %.1f | %.0f | %.3f | %s |\n", mb_variant_name(v),
+            us[0], gu_b / us[0] / 1e3, us[1], dn_b / us[1] / 1e3, us[2], token_bytes / us[2] / 1e3,
+            token_bytes / us[2] / 1e3 / hbm, exact ? "bit-exact" : "DIFFERS");
+    }
+    say("\n(ggml-cuda MUL_MAT_ID, same token: 127 us, 606 GB/s.)\n\n");
+
+    /* zero-copy: 12 experts in a registered POSIX shm mapping */
+    {
+        const int nz = 12;
+        char name[64];
+        snprintf(name, sizeof name, "/sluice-bench-moe-%d", (int)getpid());
+        const size_t zb = per_expert * nz;
+        const int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd < 0) DIE("shm_open(%s) failed", name);
+        shm_unlink(name);
+        if (ftruncate(fd, (off_t)zb)) DIE("ftruncate(%zu) failed", zb);
+        uint8_t *z = mmap(NULL, zb, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (z == MAP_FAILED) DIE("mmap(%zu) failed", zb);
+        close(fd);
+        memcpy(z, host, zb);
+        void *zd = NULL;
+        if (sl_gpu_host_register(z, zb, &zd, &err)) DIE("%s", err.msg);
+        double zc = 0;
+        if (mb_read_ceiling(zd, zb, 4, &zc, msg)) DIE("%s", msg);
+        mb_set zs[2];
+        memset(zs, 0, sizeof zs);
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < NUSED; j++) {
+                const uint8_t *p = (const uint8_t *)zd + per_expert * (k * NUSED + j);
+                zs[k].gate[j] = p;
+                zs[k].up[j] = p + bg;
+                zs[k].down[j] = p + 2 * bg;
+                zs[k].w[j] = sets[0].w[j];
+            }
+        double us = 0;
+        if (mb_variant_time(0, &io, zs, 2, 6, 0, &us, msg)) DIE("%s", msg);
+        if (sl_gpu_download(c, got, io.out_f32, sizeof got, &err)) DIE("%s", err.msg);
+        const int exact = !memcmp(got, want, sizeof got);
+        say("## Zero-copy: experts read in place from a registered POSIX shm mapping (%.0f MB)\n\n",
+            zb / 1e6);
+        say("| path | GB/s | x ceiling |\n|---|---|---|\n");
+        say("| int4 read kernel over the mapping (ceiling) | %.1f | 1.000 |\n", zc);
+        say("| MoE kernels, one token (%.1f us per token) | %.1f | %.3f |\n\n", us,
+            token_bytes / us / 1e3, token_bytes / us / 1e3 / zc);
+        say("Zero-copy result vs emulation: %s.\n\n", exact ? "bit-exact" : "DIFFERS");
+        if (sl_gpu_host_unregister(z, &err)) DIE("%s", err.msg);
+        munmap(z, zb);
+    }
+
+    /* a whole all-hit layer through compute/gpu.h */
+    {
+        uint16_t *rw = malloc((size_t)384 * DIM * 2);
+        for (size_t i = 0; i < (size_t)384 * DIM; i++)
+            rw[i] = sl_f32_to_bf16((urand() - 0.5f) * 0.05f);
+        void *rwd = NULL, *out = NULL, *shd = NULL;
+        if (sl_gpu_malloc(c, &rwd, (size_t)384 * DIM * 2, &err) ||
+            sl_gpu_upload(c, rwd, rw, (size_t)384 * DIM * 2, &err) ||
+            sl_gpu_malloc(c, &out, DIM * 2, &err) || sl_gpu_malloc(c, &shd, per_expert, &err) ||
+            sl_gpu_upload(c, shd, host + per_expert * (np - 1), per_expert, &err))
+            DIE("%s", err.msg);
+        const sl_moe_expert_w sh = {shd, (uint8_t *)shd + bg, (uint8_t *)shd + 2 * bg};
+        float logits[384];
+        const int it_n = o.iters * 2;
+        double *lat = malloc(sizeof(double) * it_n), *lr = malloc(sizeof(double) * it_n);
+        for (int it = -10; it < it_n; it++) {
+            const double t0 = now_us();
+            if (sl_gpu_moe_shared(c, io.x, &sh, &err)) DIE("%s", err.msg);
+            if (sl_gpu_router_logits(c, io.x, rwd, logits, &err)) DIE("%s", err.msg);
+            const double t1 = now_us();
+            sl_moe_route r;
+            memset(&r, 0, sizeof r);
+            int used[384] = {0};
+            float sum = 0;
+            for (int k = 0; k < NUSED; k++) { /* plain top-6 of the logits */
+                int best = -1;
+                for (int e = 0; e < 384; e++)
+                    if (!used[e] && (best < 0 || logits[e] > logits[best])) best = e;
+                used[best] = 1;
+                r.expert[k] = (uint32_t)best;
+                r.weight[k] = 1.0f + 0.01f * k;
+                sum += r.weight[k];
+            }
+            sl_moe_expert_w w[NUSED];
+            for (int k = 0; k < NUSED; k++) {
+                r.weight[k] *= 1.5f / sum;
+                /* a different pool expert each step (all hits, none in L2) */
+                const uint8_t *p = dev[((it + 10) * NUSED + k) % (np - 1)];
+                w[k] = (sl_moe_expert_w){p, p + bg, p + 2 * bg};
+            }
+            if (sl_gpu_moe_routed(c, io.x, &r, w, out, NULL, &err)) DIE("%s", err.msg);
+            if (sl_gpu_sync(c, &err)) DIE("%s", err.msg);
+            const double t2 = now_us();
+            if (it >= 0) {
+                lat[it] = t2 - t0;
+                lr[it] = t1 - t0;
+            }
+        }
+        qsort(lat, it_n, sizeof *lat, cmp_d);
+        qsort(lr, it_n, sizeof *lr, cmp_d);
+        say("## Whole MoE layer, all hits, through compute/gpu.h (%d tokens, host wall clock)\n\n",
+            it_n);
+        say("shared expert (Q2_K/Q2_K/Q3_K) queued on the side stream, router GEMV (384 x 5120 "
+            "bf16) with its download and a host top-6, then the routed experts and the sync.\n\n");
+        say("| | median us | p10 us | p90 us |\n|---|---|---|---|\n");
+        say("| router + download (shared running beside it) | %.1f | %.1f | %.1f |\n", lr[it_n / 2],
+            lr[it_n / 10], lr[it_n * 9 / 10]);
+        say("| whole layer | **%.1f** | %.1f | %.1f |\n\n", lat[it_n / 2], lat[it_n / 10],
+            lat[it_n * 9 / 10]);
+        free(rw);
+        free(lat);
+        free(lr);
+        sl_gpu_free(c, rwd);
+        sl_gpu_free(c, out);
+        sl_gpu_free(c, shd);
+    }
+    for (int e = 0; e < np; e++) sl_gpu_free(c, dev[e]);
+    sl_gpu_close(&c);
+    free(host);
+    free(dev);
+    free(sets);
+    if (md) fclose(md);
+    return 0;
+}

@@ -1,0 +1,46 @@
+/* moe_bench.h - what bench/gpu/moe.c and its variants (moe_variants.cu) share. */
+#ifndef SL_MOE_BENCH_H
+#define SL_MOE_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One token's expert set: device-visible weights, routing weights (table order). */
+typedef struct mb_set {
+    const void *gate[8], *up[8], *down[8];
+    float w[8];
+} mb_set;
+
+/* Shapes, activation and scratch of the variant runs (all device pointers). */
+typedef struct mb_io {
+    uint32_t dim, inter, n;
+    const uint16_t *x; /* [dim] bf16 */
+    float *h;          /* [8][inter] */
+    int8_t *hq;        /* [8][inter] */
+    float *hd;         /* [8][inter/32] */
+    unsigned *cnt;     /* [8][inter/32], zeroed */
+    float *out_f32;    /* [dim] */
+    uint16_t *out;     /* [dim] */
+} mb_io;
+
+/* GB/s of a plain 16-byte read kernel over buf (device or mapped host memory). */
+int mb_read_ceiling(const void *buf, size_t bytes, int iters, double *gbps, char *msg);
+
+int mb_variant_count(void);
+const char *mb_variant_name(int v);
+
+/* Microseconds per token of variant v over iters launches rotating through sets;
+ * which: 0 gate/up + down, 1 gate/up only, 2 down only. Leaves set 0's full result in
+ * io->out / io->out_f32. msg[256] gets the failure. */
+int mb_variant_time(int v, const mb_io *io, const mb_set *sets, int nsets, int iters, int which,
+                    double *us, char *msg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,241 @@
+/* moe_emu.h - a CPU emulation of the GPU arithmetic of one MoE layer (compute/moe.cu).
+ *
+ * The kernels and this emulation share the scalar steps below (SL_HD functions): the
+ * same source is compiled for the host and, through compute/moe_kern.cuh, for the
+ * device, with every rounding spelled out (fmaf, and on the device __fmul_rn,
+ * __fadd_rn, __fdiv_rn, __fmaf_rn, so that nvcc cannot contract or reorder them). The
+ * integer parts (q8_1 codes, dp4a sums per group of 32) are exact in any order; the
+ * f32 parts follow the kernels' lanes: which lane owns which group, the order in
+ * which a lane accumulates, and the xor butterfly that combines lanes. That makes
+ * every stage bit-exact with the GPU (docs/kernels.md says how and why).
+ *
+ * Expert weights are raw GGUF blocks (Q2_K gate/up, Q3_K down; the shared expert
+ * may also be BF16), never dequantized. Everything here is pure and thread-safe;
+ * sl_emu_moe allocates its scratch (it is a test oracle, not a hot path).
+ */
+#ifndef SL_MOE_EMU_H
+#define SL_MOE_EMU_H
+
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#include "err.h"
+#include "quant.h"
+#include "moe_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- scalar steps shared with the kernels ---- */
+
+#if defined(__CUDACC__)
+#define SL_HD static __host__ __device__ inline
+#else
+#define SL_HD static inline
+#endif
+
+/* Each of these is one IEEE f32 operation, rounded to nearest even, never fused. */
+SL_HD float sl_emu_mul(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+SL_HD float sl_emu_add(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
+SL_HD float sl_emu_div(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+
+SL_HD float sl_emu_fma(float a, float b, float c)
+{
+#ifdef __CUDA_ARCH__
+    return __fmaf_rn(a, b, c);
+#else
+    return fmaf(a, b, c);
+#endif
+}
+
+SL_HD uint32_t sl_emu_bits(float f)
+{
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+
+SL_HD float sl_emu_float(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+/* f32 -> bf16 bits, round to nearest even; NaN stays a quiet NaN (as sl_f32_to_bf16). */
+SL_HD uint16_t sl_emu_bf16_bits(float f)
+{
+    uint32_t u = sl_emu_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* f32 rounded to bf16 and widened back (the reference's bf16 casts). */
+SL_HD float sl_emu_bf16_round(float f)
+{
+    return sl_emu_float((uint32_t)sl_emu_bf16_bits(f) << 16);
+}
+
+SL_HD float sl_emu_bf16_to_f32(uint16_t h)
+{
+    return sl_emu_float((uint32_t)h << 16);
+}
+
+/* e^x from mul/add/fma only, so that host and device agree bit for bit (libm's expf
+ * and CUDA's expf differ in the last ulp). Cody-Waite reduction by ln 2, degree-7
+ * Taylor polynomial on |r| <= ln2/2 (relative error < 1e-8 before rounding), scaling
+ * by 2^n in two exact steps. Overflow gives +inf, deep underflow +0. */
+SL_HD float sl_emu_exp(float x)
+{
+    if (x != x) return x;
+    if (x > 88.72283935546875f) return sl_emu_float(0x7f800000u);
+    if (x < -103.972084045410f) return 0.0f;
+    const float n = rintf(sl_emu_mul(x, 1.44269502162933349609375f));
+    float r = sl_emu_fma(-n, 0.693145751953125f, x);  /* ln2 high part, exact n*hi */
+    r = sl_emu_fma(-n, 1.428606765330187045e-06f, r); /* ln2 low part */
+    float p = 1.98412698412698e-4f;                   /* 1/7! */
+    p = sl_emu_fma(p, r, 1.38888888888889e-3f);       /* 1/6! */
+    p = sl_emu_fma(p, r, 8.33333333333333e-3f);       /* 1/5! */
+    p = sl_emu_fma(p, r, 4.16666666666667e-2f);       /* 1/4! */
+    p = sl_emu_fma(p, r, 1.66666666666667e-1f);       /* 1/3! */
+    p = sl_emu_fma(p, r, 0.5f);
+    p = sl_emu_fma(p, r, 1.0f);
+    p = sl_emu_fma(p, r, 1.0f);
+    const int ni = (int)n;               /* -150 .. 128 */
+    const int n1 = ni / 2, n2 = ni - n1; /* each in -75 .. 64: normal powers of two */
+    p = sl_emu_mul(p, sl_emu_float((uint32_t)(n1 + 127) << 23));
+    return sl_emu_mul(p, sl_emu_float((uint32_t)(n2 + 127) << 23));
+}
+
+/* One row of SwiGLU as MODEL.md §7.5: g and u (raw f32 dot products) rounded to bf16,
+ * u clamped to [-limit, limit], g to (-inf, limit], h = silu(g) * u, times the
+ * routing weight w, rounded to bf16. silu(g) = g / (1 + e^-g). */
+SL_HD float sl_emu_swiglu(float g, float u, float w, float limit)
+{
+    g = sl_emu_bf16_round(g);
+    u = sl_emu_bf16_round(u);
+    u = fminf(fmaxf(u, -limit), limit);
+    g = fminf(g, limit);
+    const float e = sl_emu_exp(-g);
+    const float s = sl_emu_div(g, sl_emu_add(1.0f, e));
+    float h = sl_emu_mul(s, u);
+    h = sl_emu_mul(w, h);
+    return sl_emu_bf16_round(h);
+}
+
+/* q8_1 code of x in a block with scale d = amax/127 (the sl_block_q8_1 rules):
+ * round half away from zero, 0 when amax == 0 or x is NaN, saturated to int8. */
+SL_HD int sl_emu_q8_code(float x, float d, float amax)
+{
+    if (amax == 0.0f) return 0;
+    const float r = roundf(sl_emu_div(x, d));
+    if (r != r) return 0;
+    if (r > 127.0f) return 127;
+    if (r < -128.0f) return -128;
+    return (int)r;
+}
+
+/* The f32 step of one group of 32 values (two 16-value sub-blocks) of a Q2_K row:
+ * isum = sum of scale*code*q (both sub-blocks), imin = sum of min*q, d8 the q8_1
+ * scale of the activation block; acc += d8 * (d*isum - dmin*imin). */
+SL_HD float sl_emu_q2_k_step(float acc, float d, float dmin, int isum, int imin, float d8)
+{
+    const float p = sl_emu_mul(d, (float)isum);
+    const float v = sl_emu_fma(-dmin, (float)imin, p);
+    return sl_emu_fma(d8, v, acc);
+}
+
+/* Same for Q3_K: isum = sum of (scale-32)*code*q with signed codes; acc += d8*(d*isum). */
+SL_HD float sl_emu_q3_k_step(float acc, float d, int isum, float d8)
+{
+    return sl_emu_fma(d8, sl_emu_mul(d, (float)isum), acc);
+}
+
+/* ---- host emulation ---- */
+
+/* An activation quantized to q8_1 the way the kernels keep it: codes, one f32 scale
+ * per 32 values, and the integer sum of the codes of each 16 values (Q2_K's mins). */
+typedef struct sl_emu_act {
+    uint32_t n;     /* values (multiple of 256) */
+    int8_t *qs;     /* [n] q8_1 codes */
+    float *d;       /* [n/32] scales */
+    int32_t *sum16; /* [n/16] sums of 16 codes */
+} sl_emu_act;
+
+/* Quantizes x[n] (n % 256 == 0) into act, whose arrays the caller provides. The codes
+ * and scales are exactly sl_quant_q8_1's. */
+void sl_emu_act_quant(const float *x, uint32_t n, sl_emu_act *act);
+
+/* Dot product of one row (n = act->n values) with the activation, in the kernels'
+ * exact lane order: Q2_K as the gate/up kernel (32 lanes), Q3_K as the down kernel
+ * (8 lanes per row), BF16 with an f32 activation as the router and the BF16 shared
+ * expert (lane l owns elements i with (i/8) % 32 == l). */
+float sl_emu_dot_q2_k(const void *row, const sl_emu_act *act);
+float sl_emu_dot_q3_k(const void *row, const sl_emu_act *act);
+float sl_emu_dot_bf16(const uint16_t *row, const float *x, uint32_t n);
+
+/* Router logits as the GPU router GEMV: bf16 x and w widened, 32-lane order,
+ * divided by gate_temp when it is not 1. w is [n_expert][dim]. */
+void sl_emu_router_logits(const uint16_t *w, const uint16_t *x, uint32_t n_expert, uint32_t dim,
+                          float gate_temp, float *logits);
+
+/* Intermediate values of sl_emu_moe for tests (any pointer may be NULL). */
+typedef struct sl_emu_trace {
+    float *h;    /* [n_used][inter] SwiGLU outputs (bf16-rounded), experts by increasing id */
+    int8_t *hq;  /* [n_used][inter] their q8_1 codes */
+    float *hd;   /* [n_used][inter/32] their q8_1 scales */
+    float *h_sh; /* [inter] the shared expert's SwiGLU output */
+    float *y_sh; /* [dim] the shared expert's output (bf16-rounded) */
+} sl_emu_trace;
+
+/* One MoE layer for one token as the GPU computes it: x [dim] bf16, the route (experts
+ * and weights by rank), w[n_used] their weights by rank (host memory), shared (NULL for
+ * none). out [dim] bf16; out_f32 [dim] (nullable) the f32 sum before the final bf16.
+ * Returns 0, SL_EINVAL (shape), SL_EUNSUPPORTED (types) or SL_ENOMEM. */
+int sl_emu_moe(const sl_moe_shape *shape, const uint16_t *x, const sl_moe_route *route,
+               const sl_moe_expert_w *w, const sl_moe_expert_w *shared, uint16_t *out,
+               float *out_f32, sl_emu_trace *trace, sl_err *err);
+
+/* The order in which the GPU runs and sums the picked experts: ranks sorted by
+ * increasing expert id (stable). Writes n_used ranks into order. */
+void sl_emu_moe_order(const sl_moe_route *route, uint32_t n_used, uint32_t *order);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

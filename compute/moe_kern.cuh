@@ -1,0 +1,591 @@
+/* moe_kern.cuh - the MoE kernels (device code and launch templates).
+ *
+ * Included by compute/moe.cu (which instantiates the configuration that won in
+ * bench/gpu/moe) and by the bench's variants; nothing here has external linkage.
+ * The lane mappings and f32 steps are mirrored exactly by compute/moe_emu.c: change
+ * both together. The shape rules the launchers rely on (dim, inter multiples of 256,
+ * 16-byte aligned tensors, n <= SL_GPU_MAX_USED) are checked by the C entries.
+ *
+ * Weights are streamed once: each warp copies its rows' raw blocks with 16-byte
+ * loads (evict-first) into a per-warp shared-memory stage, then reads them from
+ * there. The same code serves device memory and mapped (zero-copy) host memory.
+ */
+#ifndef SL_MOE_KERN_CUH
+#define SL_MOE_KERN_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "moe_emu.h"
+
+#ifndef SL_GPU_MAX_USED
+#define SL_GPU_MAX_USED 8
+#endif
+
+/* One expert as the kernels see it (device-visible pointers) and the table of one
+ * launch, passed by value (it lives in the kernel's constant bank). */
+struct sl_kexp {
+    const uint8_t *gate, *up, *down;
+    float w; /* routing weight (1 for the shared expert) */
+};
+struct sl_ktab {
+    int n;
+    sl_kexp e[SL_GPU_MAX_USED];
+};
+
+/* Scratch of one gate/up -> down pass. */
+struct sl_kscratch {
+    float *h;      /* [n][inter] SwiGLU outputs */
+    int8_t *hq;    /* [n][inter] their q8_1 codes */
+    float *hd;     /* [n][inter/32] their q8_1 scales */
+    unsigned *cnt; /* [n][inter/32] rows done per q8_1 group (0 between launches) */
+};
+
+namespace
+{
+
+__device__ __forceinline__ float k_half(const uint8_t *p)
+{
+    return __half2float(__ushort_as_half(*(const unsigned short *)p));
+}
+
+/* 16-byte streaming load (weights are read once per token). */
+__device__ __forceinline__ int4 k_ld_stream(const int4 *p)
+{
+    return __ldcs(p);
+}
+
+/* The 16-byte chunks covering [p, p+bytes): count and the aligned start. */
+__device__ __forceinline__ int k_span(const uint8_t *p, uint32_t bytes, const int4 **start)
+{
+    const uintptr_t s = (uintptr_t)p & ~(uintptr_t)15;
+    const uintptr_t e = ((uintptr_t)p + bytes + 15) & ~(uintptr_t)15;
+    *start = (const int4 *)s;
+    return (int)((e - s) >> 4);
+}
+
+template <int MAXV>
+__device__ __forceinline__ void k_span_load(int4 (&v)[MAXV], const int4 *src, int cnt, int lane)
+{
+#pragma unroll
+    for (int k = 0; k < MAXV; k++)
+        if (k * 32 + lane < cnt) v[k] = k_ld_stream(src + k * 32 + lane);
+}
+
+template <int MAXV>
+__device__ __forceinline__ void k_span_store(const int4 (&v)[MAXV], int4 *dst, int cnt, int lane)
+{
+#pragma unroll
+    for (int k = 0; k < MAXV; k++)
+        if (k * 32 + lane < cnt) dst[k * 32 + lane] = v[k];
+}
+
+/* Eight consecutive 32-bit words at a 2-byte aligned shared address. */
+__device__ __forceinline__ void k_ld8(const uint8_t *p, uint32_t (&w)[8])
+{
+    const uintptr_t a = (uintptr_t)p;
+    const uint32_t *q = (const uint32_t *)(a & ~(uintptr_t)3);
+    const uint32_t sh = (uint32_t)(a & 3) * 8;
+    uint32_t t[9];
+#pragma unroll
+    for (int i = 0; i < 9; i++) t[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[i] = __funnelshift_r(t[i], t[i + 1], sh);
+}
+
+/* Three words (the Q3_K scales) at a 2-byte aligned shared address; reads at most 2
+ * bytes past them. */
+__device__ __forceinline__ void k_ld3(const uint8_t *p, uint32_t (&w)[3])
+{
+    const uintptr_t a = (uintptr_t)p;
+    const uint32_t *q = (const uint32_t *)(a & ~(uintptr_t)3);
+    const uint32_t sh = (uint32_t)(a & 3) * 8;
+    const uint32_t t0 = q[0], t1 = q[1], t2 = q[2], t3 = sh ? q[3] : 0u;
+    w[0] = __funnelshift_r(t0, t1, sh);
+    w[1] = __funnelshift_r(t1, t2, sh);
+    w[2] = __funnelshift_r(t2, t3, sh);
+}
+
+/* Quantizes one block of 32 activations held one per lane (the sl_block_q8_1 rules);
+ * returns the lane's code and puts the block's scale in *d. */
+__device__ __forceinline__ int k_q8_lane(float v, float *d)
+{
+    float amax = fabsf(v);
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, off));
+    *d = sl_emu_div(amax, 127.0f);
+    return sl_emu_q8_code(v, *d, amax);
+}
+
+/* The activation x (bf16) quantized into shared memory by the whole CTA: codes aq[n],
+ * scales ad[n/32], sums of 16 codes as[n/16]. */
+template <int NW>
+__device__ __forceinline__ void k_quant_x(const uint16_t *__restrict__ x, uint32_t n, int8_t *aq,
+                                          float *ad, int *as)
+{
+    /* 8 blocks per round, loads first: the rounds are latency-bound, not the math */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t nblk = n / 32;
+    for (uint32_t b0 = warp; b0 < nblk; b0 += 8 * NW) {
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const uint32_t b = b0 + k * NW;
+            v[k] = b < nblk ? sl_emu_bf16_to_f32(x[32 * b + lane]) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const uint32_t b = b0 + k * NW;
+            if (b >= nblk) break; /* uniform across the warp */
+            float d;
+            const int q = k_q8_lane(v[k], &d);
+            aq[32 * b + lane] = (int8_t)q;
+            int sum = q;
+#pragma unroll
+            for (int off = 8; off >= 1; off >>= 1) sum += __shfl_xor_sync(~0u, sum, off);
+            if ((lane & 15) == 0) as[2 * b + (lane >> 4)] = sum;
+            if (lane == 0) ad[b] = d;
+        }
+    }
+}
+
+/* One lane's share of a Q2_K row (32 lanes per row; see sl_emu_dot_q2_k). row is
+ * 4-byte aligned in shared memory. */
+__device__ __forceinline__ float k_dot_q2_k(const uint8_t *row, const int8_t *aq, const float *ad,
+                                            const int *as, uint32_t nb, int lane)
+{
+    const int g = lane & 7, sh = 2 * (g & 3);
+    float acc = 0.0f;
+    for (uint32_t b = lane >> 3; b < nb; b += 4) {
+        const uint8_t *blk = row + 84 * b;
+        const uint32_t *qw = (const uint32_t *)(blk + 16 + 32 * (g >> 2));
+        const int4 *aw = (const int4 *)(aq + 256 * b + 32 * g);
+        const int4 a0 = aw[0], a1 = aw[1];
+        int c0 = 0, c1 = 0;
+        c0 = __dp4a((int)((qw[0] >> sh) & 0x03030303u), a0.x, c0);
+        c0 = __dp4a((int)((qw[1] >> sh) & 0x03030303u), a0.y, c0);
+        c0 = __dp4a((int)((qw[2] >> sh) & 0x03030303u), a0.z, c0);
+        c0 = __dp4a((int)((qw[3] >> sh) & 0x03030303u), a0.w, c0);
+        c1 = __dp4a((int)((qw[4] >> sh) & 0x03030303u), a1.x, c1);
+        c1 = __dp4a((int)((qw[5] >> sh) & 0x03030303u), a1.y, c1);
+        c1 = __dp4a((int)((qw[6] >> sh) & 0x03030303u), a1.z, c1);
+        c1 = __dp4a((int)((qw[7] >> sh) & 0x03030303u), a1.w, c1);
+        const uint32_t sc = *(const unsigned short *)(blk + 2 * g);
+        const int2 s16 = *(const int2 *)(as + 16 * b + 2 * g);
+        const int isum = (int)(sc & 15) * c0 + (int)((sc >> 8) & 15) * c1;
+        const int imin = (int)((sc >> 4) & 15) * s16.x + (int)(sc >> 12) * s16.y;
+        acc = sl_emu_q2_k_step(acc, k_half(blk + 80), k_half(blk + 82), isum, imin, ad[8 * b + g]);
+    }
+    return acc;
+}
+
+/* One lane's share of a Q3_K row (8 lanes per row, lane g = group g of every block;
+ * see sl_emu_dot_q3_k). row is 2-byte aligned in shared memory; the activation
+ * (codes aq, scales ad) is read through L1. */
+__device__ __forceinline__ float k_dot_q3_k(const uint8_t *row, const int8_t *__restrict__ aq,
+                                            const float *__restrict__ ad, uint32_t nb, int g)
+{
+    const int sh = 2 * (g & 3);
+    float acc = 0.0f;
+    for (uint32_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + 110 * b;
+        uint32_t hm[8], qw[8];
+        k_ld8(blk, hm);
+        k_ld8(blk + 32 + 32 * (g >> 2), qw);
+        const int4 *aw = (const int4 *)(aq + 256 * b + 32 * g);
+        const int4 a0 = __ldg(aw), a1 = __ldg(aw + 1);
+        const int av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        int c0 = 0, c1 = 0;
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            const uint32_t lo = (qw[w] >> sh) & 0x03030303u;
+            const uint32_t nh = (~hm[w] >> g) & 0x01010101u;
+            const int code = (int)(lo | nh * 0xFCu); /* bytes low - 4*(1 - hbit) */
+            if (w < 4)
+                c0 = __dp4a(code, av[w], c0);
+            else
+                c1 = __dp4a(code, av[w], c1);
+        }
+        /* scales: bytes 0..7 and 8..11 of the 12 packed bytes */
+        uint32_t sw[3];
+        k_ld3(blk + 96, sw);
+        const uint64_t lo8 = (uint64_t)sw[0] | (uint64_t)sw[1] << 32;
+        const uint32_t hi4 = sw[2];
+        const int k0 = 2 * g, k1 = 2 * g + 1;
+        const int s0 = (int)(((lo8 >> (8 * (k0 & 7) + 4 * (k0 >> 3))) & 15) |
+                             ((hi4 >> (8 * (k0 & 3) + 2 * (k0 >> 2))) & 3) << 4) -
+                       32;
+        const int s1 = (int)(((lo8 >> (8 * (k1 & 7) + 4 * (k1 >> 3))) & 15) |
+                             ((hi4 >> (8 * (k1 & 3) + 2 * (k1 >> 2))) & 3) << 4) -
+                       32;
+        acc = sl_emu_q3_k_step(acc, k_half(blk + 108), s0 * c0 + s1 * c1, __ldg(ad + 8 * b + g));
+    }
+    return acc;
+}
+
+/* One lane's share of a BF16 row against an f32 activation in shared memory: lane l
+ * owns elements i with (i/8) % 32 == l, in increasing i (the router's order). */
+__device__ __forceinline__ float k_dot_bf16(const uint16_t *__restrict__ w, const float *a,
+                                            uint32_t n, int lane)
+{
+    float acc = 0.0f;
+#pragma unroll 4
+    for (uint32_t c = lane; c < n / 8; c += 32) {
+        const int4 v = k_ld_stream((const int4 *)(w + 8 * c));
+        const float4 a0 = *(const float4 *)(a + 8 * c), a1 = *(const float4 *)(a + 8 * c + 4);
+        const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+        const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float wj = sl_emu_float(j & 1 ? u[j >> 1] & 0xffff0000u : u[j >> 1] << 16);
+            acc = sl_emu_fma(av[j], wj, acc);
+        }
+    }
+    return acc;
+}
+
+__device__ __forceinline__ float k_butterfly(float v, int from)
+{
+    for (int off = from; off >= 1; off >>= 1) v = sl_emu_add(v, __shfl_xor_sync(~0u, v, off));
+    return v;
+}
+
+/* After row r of expert e is done: SwiGLU, then, when this was the 32nd finished row
+ * of its q8_1 group, that group's quantization (by whichever warp came last; the
+ * values are the same whoever does it). Called by all lanes of the warp. */
+__device__ __forceinline__ void k_swiglu_out(float g, float u, float w, float limit, uint32_t e,
+                                             uint32_t r, uint32_t inter, const sl_kscratch &s,
+                                             bool quant, int lane)
+{
+    const float h = sl_emu_swiglu(g, u, w, limit);
+    if (lane == 0) s.h[(size_t)e * inter + r] = h;
+    if (!quant) return;
+    const uint32_t grp = e * (inter / 32) + r / 32;
+    unsigned old = 0;
+    if (lane == 0) {
+        __threadfence();
+        old = atomicAdd(&s.cnt[grp], 1u);
+    }
+    old = __shfl_sync(~0u, old, 0);
+    if (old != 31) return;
+    __threadfence();
+    const float v = __ldcg(&s.h[(size_t)grp * 32 + lane]);
+    float d;
+    const int q = k_q8_lane(v, &d);
+    s.hq[(size_t)grp * 32 + lane] = (int8_t)q;
+    if (lane == 0) {
+        s.hd[grp] = d;
+        s.cnt[grp] = 0;
+    }
+}
+
+/* Gate and up (Q2_K) of every expert of the table, one row pair per warp step, then
+ * SwiGLU, and with FUSEQ the q8_1 quantization of h by the
+ * last warp of each group of 32 rows (fence + atomic per row; without it k_quant_h
+ * follows, which measured no slower). Persistent: warps stride over the
+ * n*inter row pairs. PF: the next step's rows are loaded while this one computes. */
+template <int NW, int MAXV, bool PF, bool FUSEQ = false, int MINB = 1>
+__global__ void __launch_bounds__(NW * 32, MINB)
+    k_gateup_q2_k(const __grid_constant__ sl_ktab tab, const uint16_t *__restrict__ x, uint32_t dim,
+                  uint32_t inter, float limit, const __grid_constant__ sl_kscratch s)
+{
+    extern __shared__ int4 k_smem[];
+    int8_t *aq = (int8_t *)k_smem;
+    float *ad = (float *)(aq + dim);
+    int *as = (int *)(ad + dim / 32);
+    int4 *stage = (int4 *)(as + dim / 16); /* dim % 256 == 0 keeps this 16-aligned */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int4 *sg = stage + (size_t)warp * (2 * MAXV * 32 + 2);
+    int4 *su = sg + MAXV * 32 + 1;
+
+    k_quant_x<NW>(x, dim, aq, ad, as);
+    __syncthreads();
+
+    const uint32_t rb = dim / 256 * 84, nb = dim / 256;
+    const uint32_t units = (uint32_t)tab.n * inter, stride = gridDim.x * NW;
+    uint32_t u = blockIdx.x * NW + warp;
+    int4 vg[MAXV], vu[MAXV];
+    const int4 *pg, *pu;
+    int ng = 0, nu = 0;
+    uint32_t og = 0, ou = 0;
+    if (PF && u < units) {
+        const uint32_t e = u / inter, r = u % inter;
+        const uint8_t *rg = tab.e[e].gate + (size_t)r * rb, *ru = tab.e[e].up + (size_t)r * rb;
+        ng = k_span(rg, rb, &pg);
+        nu = k_span(ru, rb, &pu);
+        og = (uint32_t)((uintptr_t)rg & 15);
+        ou = (uint32_t)((uintptr_t)ru & 15);
+        k_span_load<MAXV>(vg, pg, ng, lane);
+        k_span_load<MAXV>(vu, pu, nu, lane);
+    }
+    for (; u < units; u += stride) {
+        const uint32_t e = u / inter, r = u % inter;
+        if (!PF) {
+            const uint8_t *rg = tab.e[e].gate + (size_t)r * rb, *ru = tab.e[e].up + (size_t)r * rb;
+            ng = k_span(rg, rb, &pg);
+            nu = k_span(ru, rb, &pu);
+            og = (uint32_t)((uintptr_t)rg & 15);
+            ou = (uint32_t)((uintptr_t)ru & 15);
+            k_span_load<MAXV>(vg, pg, ng, lane);
+            k_span_load<MAXV>(vu, pu, nu, lane);
+        }
+        __syncwarp();
+        k_span_store<MAXV>(vg, sg, ng, lane);
+        k_span_store<MAXV>(vu, su, nu, lane);
+        __syncwarp();
+        const uint32_t cg = og, cu = ou;
+        if (PF && u + stride < units) {
+            const uint32_t e2 = (u + stride) / inter, r2 = (u + stride) % inter;
+            const uint8_t *rg = tab.e[e2].gate + (size_t)r2 * rb,
+                          *ru = tab.e[e2].up + (size_t)r2 * rb;
+            ng = k_span(rg, rb, &pg);
+            nu = k_span(ru, rb, &pu);
+            og = (uint32_t)((uintptr_t)rg & 15);
+            ou = (uint32_t)((uintptr_t)ru & 15);
+            k_span_load<MAXV>(vg, pg, ng, lane);
+            k_span_load<MAXV>(vu, pu, nu, lane);
+        }
+        float g = k_dot_q2_k((const uint8_t *)sg + cg, aq, ad, as, nb, lane);
+        float v = k_dot_q2_k((const uint8_t *)su + cu, aq, ad, as, nb, lane);
+        g = k_butterfly(g, 16);
+        v = k_butterfly(v, 16);
+        k_swiglu_out(g, v, tab.e[e].w, limit, e, r, inter, s, FUSEQ, lane);
+    }
+}
+
+/* q8_1 of the SwiGLU outputs h [groups*32] (one warp per block of 32), for gate/up
+ * launches without the fused quantization. */
+__global__ void k_quant_h(const __grid_constant__ sl_kscratch s, uint32_t groups)
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t grp = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (grp >= groups) return;
+    float d;
+    const int q = k_q8_lane(s.h[(size_t)grp * 32 + lane], &d);
+    s.hq[(size_t)grp * 32 + lane] = (int8_t)q;
+    if (lane == 0) s.hd[grp] = d;
+}
+
+/* Down (Q3_K) of every expert of the table and their sum: one step = 4 rows (8 lanes
+ * each) of one expert; a warp walks the experts of its 4 rows in table order (which
+ * the caller sorted by expert id), adds each bf16-rounded output into the rows' f32
+ * sums, then `extra` (the shared expert's output, if any), and writes out_f32 and
+ * bf16 out. */
+template <int NW, int MAXV, bool PF>
+__global__ void __launch_bounds__(NW * 32)
+    k_down_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
+                const float *__restrict__ hd, uint32_t dim, uint32_t inter,
+                const float *__restrict__ extra, float *__restrict__ out_f32,
+                uint16_t *__restrict__ out_bf16)
+{
+    extern __shared__ int4 k_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, team = lane >> 3, g = lane & 7;
+    int4 *st = k_smem + (size_t)warp * (MAXV * 32 + 1);
+    const uint32_t rb = inter / 256 * 110, nb = inter / 256;
+    const uint32_t units = dim / 4, stride = gridDim.x * NW;
+    const int n = tab.n;
+    uint32_t u = blockIdx.x * NW + warp;
+    int e = 0;
+    int4 v[MAXV];
+    const int4 *p;
+    int cnt = 0;
+    uint32_t off = 0;
+    if (PF && u < units) {
+        const uint8_t *src = tab.e[0].down + (size_t)u * 4 * rb;
+        cnt = k_span(src, 4 * rb, &p);
+        off = (uint32_t)((uintptr_t)src & 15);
+        k_span_load<MAXV>(v, p, cnt, lane);
+    }
+    float y = 0.0f;
+    while (u < units) {
+        if (!PF) {
+            const uint8_t *src = tab.e[e].down + (size_t)u * 4 * rb;
+            cnt = k_span(src, 4 * rb, &p);
+            off = (uint32_t)((uintptr_t)src & 15);
+            k_span_load<MAXV>(v, p, cnt, lane);
+        }
+        __syncwarp();
+        k_span_store<MAXV>(v, st, cnt, lane);
+        __syncwarp();
+        const uint32_t coff = off;
+        uint32_t un = u;
+        int en = e + 1;
+        if (en == n) {
+            en = 0;
+            un = u + stride;
+        }
+        if (PF && un < units) {
+            const uint8_t *src = tab.e[en].down + (size_t)un * 4 * rb;
+            cnt = k_span(src, 4 * rb, &p);
+            off = (uint32_t)((uintptr_t)src & 15);
+            k_span_load<MAXV>(v, p, cnt, lane);
+        }
+        float a = k_dot_q3_k((const uint8_t *)st + coff + team * rb, hq + (size_t)e * inter,
+                             hd + (size_t)e * (inter / 32), nb, g);
+        a = k_butterfly(a, 4);
+        y = sl_emu_add(y, sl_emu_bf16_round(a));
+        if (e == n - 1) {
+            const uint32_t r = 4 * u + team;
+            if (extra) y = sl_emu_add(y, extra[r]);
+            if (g == 0) {
+                if (out_f32) out_f32[r] = y;
+                if (out_bf16) out_bf16[r] = sl_emu_bf16_bits(y);
+            }
+            y = 0.0f;
+        }
+        u = un;
+        e = en;
+    }
+}
+
+/* Down (Q3_K), one CTA per T 4-row tiles with one warp per expert of the table
+ * (blockDim = 32 * n): each warp stages its expert's 4 rows (the next tile's load in
+ * flight while it computes) and computes them (8 lanes a row);
+ * the bf16-rounded outputs meet in shared memory and 4 threads add them in table
+ * order (increasing expert id), then `extra`. Same arithmetic as k_down_q3_k. */
+template <int MAXV, int T>
+__global__ void __launch_bounds__(SL_GPU_MAX_USED * 32)
+    k_down2_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
+                 const float *__restrict__ hd, uint32_t dim, uint32_t inter,
+                 const float *__restrict__ extra, float *__restrict__ out_f32,
+                 uint16_t *__restrict__ out_bf16)
+{
+    extern __shared__ int4 k_smem[];
+    __shared__ float ys[T][SL_GPU_MAX_USED][4];
+    const int lane = threadIdx.x & 31, e = threadIdx.x >> 5, team = lane >> 3, g = lane & 7;
+    int4 *st = k_smem + (size_t)e * (MAXV * 32 + 1);
+    const uint32_t rb = inter / 256 * 110, nb = inter / 256;
+    const uint32_t tiles = dim / 4, u0 = blockIdx.x * T;
+    const int8_t *aq = hq + (size_t)e * inter;
+    const float *ad = hd + (size_t)e * (inter / 32);
+    const uint8_t *src = tab.e[e].down + (size_t)u0 * 4 * rb;
+    const int4 *p;
+    int cnt = k_span(src, 4 * rb, &p);
+    int4 v[MAXV];
+    k_span_load<MAXV>(v, p, cnt, lane);
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        if (u0 + t >= tiles) break; /* uniform across the CTA */
+        const uint32_t off = (uint32_t)((uintptr_t)src & 15);
+        __syncwarp();
+        k_span_store<MAXV>(v, st, cnt, lane);
+        __syncwarp();
+        if (t + 1 < T && u0 + t + 1 < tiles) { /* prefetch the next tile */
+            src += 4 * rb;
+            cnt = k_span(src, 4 * rb, &p);
+            k_span_load<MAXV>(v, p, cnt, lane);
+        }
+        float a = k_dot_q3_k((const uint8_t *)st + off + team * rb, aq, ad, nb, g);
+        a = k_butterfly(a, 4);
+        if (g == 0) ys[t][e][team] = sl_emu_bf16_round(a);
+    }
+    __syncthreads();
+    if (threadIdx.x < 4 * T) {
+        const int t = threadIdx.x >> 2, i = threadIdx.x & 3;
+        if (u0 + t >= tiles) return;
+        const uint32_t r = 4 * (u0 + t) + i;
+        float y = 0.0f;
+        for (int k = 0; k < tab.n; k++) y = sl_emu_add(y, ys[t][k][i]);
+        if (extra) y = sl_emu_add(y, extra[r]);
+        if (out_f32) out_f32[r] = y;
+        if (out_bf16) out_bf16[r] = sl_emu_bf16_bits(y);
+    }
+}
+
+/* BF16 gate/up of one expert (the shared expert's BF16 variant): one row pair per
+ * warp step, x widened to f32 in shared memory, SwiGLU into s.h (no quantization). */
+template <int NW>
+__global__ void __launch_bounds__(NW * 32)
+    k_gateup_bf16(const __grid_constant__ sl_ktab tab, const uint16_t *__restrict__ x, uint32_t dim,
+                  uint32_t inter, float limit, const __grid_constant__ sl_kscratch s)
+{
+    extern __shared__ int4 k_smem[];
+    float *xf = (float *)k_smem;
+    for (uint32_t i = threadIdx.x; i < dim; i += NW * 32) xf[i] = sl_emu_bf16_to_f32(x[i]);
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t units = (uint32_t)tab.n * inter;
+    for (uint32_t u = blockIdx.x * NW + warp; u < units; u += gridDim.x * NW) {
+        const uint32_t e = u / inter, r = u % inter;
+        float g = k_dot_bf16((const uint16_t *)tab.e[e].gate + (size_t)r * dim, xf, dim, lane);
+        float v = k_dot_bf16((const uint16_t *)tab.e[e].up + (size_t)r * dim, xf, dim, lane);
+        g = k_butterfly(g, 16);
+        v = k_butterfly(v, 16);
+        k_swiglu_out(g, v, tab.e[e].w, limit, e, r, inter, s, false, lane);
+    }
+}
+
+/* BF16 down of one expert: one row per warp, h (f32) staged in shared memory; writes
+ * the bf16-rounded row outputs as f32. */
+template <int NW>
+__global__ void __launch_bounds__(NW * 32)
+    k_down_bf16(const uint16_t *__restrict__ w, const float *__restrict__ h, uint32_t dim,
+                uint32_t inter, float *__restrict__ out_f32)
+{
+    extern __shared__ int4 k_smem[];
+    float *hf = (float *)k_smem;
+    for (uint32_t i = threadIdx.x; i < inter; i += NW * 32) hf[i] = h[i];
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (uint32_t r = blockIdx.x * NW + warp; r < dim; r += gridDim.x * NW) {
+        const float a = k_butterfly(k_dot_bf16(w + (size_t)r * inter, hf, inter, lane), 16);
+        if (lane == 0) out_f32[r] = sl_emu_bf16_round(a);
+    }
+}
+
+/* Router logits: one warp per expert, x widened in shared memory, the 32-lane order
+ * of sl_router_logits; divided by temp when temp != 1. */
+template <int NW>
+__global__ void __launch_bounds__(NW * 32)
+    k_router(const uint16_t *__restrict__ w, const uint16_t *__restrict__ x, uint32_t n_expert,
+             uint32_t dim, float temp, float *__restrict__ logits)
+{
+    extern __shared__ int4 k_smem[];
+    float *xf = (float *)k_smem;
+    for (uint32_t i = threadIdx.x; i < dim; i += NW * 32) xf[i] = sl_emu_bf16_to_f32(x[i]);
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (uint32_t e = blockIdx.x * NW + warp; e < n_expert; e += gridDim.x * NW) {
+        float a = k_butterfly(k_dot_bf16(w + (size_t)e * dim, xf, dim, lane), 16);
+        if (temp != 1.0f) a = sl_emu_div(a, temp);
+        if (lane == 0) logits[e] = a;
+    }
+}
+
+/* Stand-alone q8_1 quantization of bf16 x into sl_block_q8_1 blocks (one warp per
+ * block); s is the f32 sum of the 32 inputs in index order, as the CPU quantizer. */
+__global__ void k_quant_q8_1(const uint16_t *__restrict__ x, uint32_t n, sl_block_q8_1 *dst)
+{
+    const int lane = threadIdx.x & 31;
+    const uint32_t b = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (b >= n / 32) return;
+    const float v = sl_emu_bf16_to_f32(x[32 * b + lane]);
+    float d;
+    const int q = k_q8_lane(v, &d);
+    float s = 0.0f;
+    for (int k = 0; k < 32; k++) s = sl_emu_add(s, __shfl_sync(~0u, v, k));
+    dst[b].qs[lane] = (int8_t)q;
+    if (lane == 0) {
+        dst[b].d = d;
+        dst[b].s = s;
+    }
+}
+
+/* Dynamic shared memory of the two quantized kernels. */
+inline size_t k_gateup_smem(uint32_t dim, int nw, int maxv)
+{
+    return dim + dim / 32 * 4 + dim / 16 * 4 + (size_t)nw * (2 * maxv * 32 + 2) * 16;
+}
+inline size_t k_down2_smem(int n, int maxv)
+{
+    return (size_t)n * (maxv * 32 + 1) * 16;
+}
+inline size_t k_down_smem(int nw, int maxv)
+{
+    return (size_t)nw * (maxv * 32 + 1) * 16 + 16;
+}
+
+} /* namespace */
+
+#endif

@@ -1,0 +1,521 @@
+/* test_moe_gpu.c - the MoE kernels (compute/moe.cu) against the CPU emulation of their
+ * arithmetic (compute/moe_emu.c) and against a plain f32 reference. GPU suite: skips,
+ * saying so, without a GPU.
+ *
+ * Fresh random inputs each run (seed from the clock, printed); every output buffer is
+ * filled with NaN bytes (0xFF) before the launch. Claims (docs/kernels.md says why):
+ *  - q8_1 of the activation, router logits, SwiGLU outputs h, their q8_1 codes and
+ *    scales, the shared expert's output, the f32 sum and the bf16 output: BIT-EXACT
+ *    with the emulation (same operations in the same order on both sides);
+ *  - vs the f32 reference (dequantized weights, unquantized activations): rms(diff)
+ *    <= 2% of rms(ref), max |diff| <= 10% of max |ref| (the q8_1 error of x and h);
+ *  - the output does not depend on the rank order of the experts or on whether their
+ *    weights sit in device memory or in registered (zero-copy) host memory.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpu.h"
+#include "moe_emu.h"
+#include "quant.h"
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void)
+{
+    uint64_t x = rng_state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng_state = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+static float urand(void)
+{
+    return (float)(rnd() >> 40) / 16777216.0f;
+}
+
+static float nrand(void)
+{
+    return (urand() + urand() + urand() + urand() - 2.0f) * 1.7320508f;
+}
+
+static int have_gpu(void)
+{
+    sl_err err = {0};
+    int n = 0;
+    cr_assert_eq(sl_gpu_device_count(&n, &err), 0, "%s", err.msg);
+    if (n == 0) return 0;
+    if (!rng_state) {
+        rng_state = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ULL | 1;
+        printf("test_moe_gpu: seed %llu\n", (unsigned long long)rng_state);
+    }
+    return 1;
+}
+
+#define NEED_GPU()                                                                                 \
+    do {                                                                                           \
+        if (!have_gpu()) cr_skip_test("no GPU present: GPU tests skipped");                        \
+    } while (0)
+
+static void put_f16(uint8_t *p, float v)
+{
+    const sl_f16 h = sl_f32_to_f16(v);
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+static void *rand_blocks(uint32_t type, uint64_t n, float scale)
+{
+    const uint32_t bb = type == SL_QTYPE_Q2_K ? 84 : 110;
+    uint8_t *p = aligned_alloc(4096, (n / 256 * bb + 4095) / 4096 * 4096);
+    cr_assert(p);
+    for (uint64_t b = 0; b < n / 256; b++) {
+        uint8_t *blk = p + b * bb;
+        for (uint32_t i = 0; i < bb; i += 8) {
+            const uint64_t r = rnd();
+            memcpy(blk + i, &r, bb - i < 8 ? bb - i : 8);
+        }
+        if (type == SL_QTYPE_Q2_K) {
+            put_f16(blk + 80, scale * (0.5f + urand()));
+            put_f16(blk + 82, scale * (0.5f + urand()));
+        } else {
+            put_f16(blk + 108, scale * (0.5f + urand()));
+        }
+    }
+    return p;
+}
+
+static uint16_t *rand_bf16(uint64_t n, float scale)
+{
+    uint16_t *p = aligned_alloc(4096, (n * 2 + 4095) / 4096 * 4096);
+    cr_assert(p);
+    for (uint64_t i = 0; i < n; i++) p[i] = sl_f32_to_bf16(scale * nrand());
+    return p;
+}
+
+static float *decode(uint32_t type, const void *src, uint64_t n)
+{
+    float *y = malloc(n * sizeof(float));
+    cr_assert(y);
+    cr_assert_eq(sl_quant_decode(type, src, y, n), 0);
+    return y;
+}
+
+static sl_moe_shape make_shape(uint32_t dim, uint32_t inter, uint32_t n_used, int sh_bf16)
+{
+    return (sl_moe_shape){.dim = dim,
+                          .inter = inter,
+                          .n_expert = 384,
+                          .n_used = n_used,
+                          .gate_type = SL_QTYPE_Q2_K,
+                          .up_type = SL_QTYPE_Q2_K,
+                          .down_type = SL_QTYPE_Q3_K,
+                          .sh_gate_type = sh_bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q2_K,
+                          .sh_up_type = sh_bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q2_K,
+                          .sh_down_type = sh_bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q3_K,
+                          .route_scale = 1.5f,
+                          .norm_topk = 1,
+                          .swiglu_limit = 10.0f,
+                          .gate_temp = 1.0f};
+}
+
+static void *to_dev(sl_gpu_ctx *c, const void *host, size_t bytes)
+{
+    sl_err err = {0};
+    void *d = NULL;
+    cr_assert_eq(sl_gpu_malloc(c, &d, bytes, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_upload(c, d, host, bytes, &err), 0, "%s", err.msg);
+    return d;
+}
+
+static void poison_dev(sl_gpu_ctx *c, void *dev, size_t bytes)
+{
+    sl_err err = {0};
+    void *p = malloc(bytes);
+    memset(p, 0xFF, bytes);
+    cr_assert_eq(sl_gpu_upload(c, dev, p, bytes, &err), 0, "%s", err.msg);
+    free(p);
+}
+
+Test(moe_gpu, q8_1_bit_exact)
+{
+    NEED_GPU();
+    sl_moe_shape s = make_shape(512, 256, 2, 0);
+    sl_err err = {0};
+    sl_gpu_ctx *c = NULL;
+    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    const uint32_t n = 5120;
+    uint16_t *x = rand_bf16(n, 3.0f);
+    for (int i = 0; i < 32; i++) x[64 + i] = 0; /* an all-zero block */
+    x[100] = sl_f32_to_bf16(2.5f * 1e-3f);      /* assorted magnitudes */
+    float *xf = malloc(n * sizeof(float));
+    for (uint32_t i = 0; i < n; i++) xf[i] = sl_bf16_to_f32(x[i]);
+    sl_block_q8_1 *want = malloc(n / 32 * sizeof *want), *got = malloc(n / 32 * sizeof *got);
+    cr_assert_eq(sl_quant_q8_1(xf, want, n), 0);
+    void *xd = to_dev(c, x, n * 2);
+    void *qd = NULL;
+    cr_assert_eq(sl_gpu_malloc(c, &qd, n / 32 * sizeof *got, &err), 0);
+    poison_dev(c, qd, n / 32 * sizeof *got);
+    cr_assert_eq(sl_gpu_quant_q8_1(c, xd, n, qd, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_download(c, got, qd, n / 32 * sizeof *got, &err), 0, "%s", err.msg);
+    cr_assert_eq(memcmp(got, want, n / 32 * sizeof *got), 0, "q8_1 blocks differ");
+    sl_gpu_free(c, xd);
+    sl_gpu_free(c, qd);
+    sl_gpu_close(&c);
+    free(x);
+    free(xf);
+    free(want);
+    free(got);
+}
+
+static void check_router(uint32_t dim, float temp)
+{
+    sl_moe_shape s = make_shape(dim, 256, 2, 0);
+    s.gate_temp = temp;
+    sl_err err = {0};
+    sl_gpu_ctx *c = NULL;
+    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    uint16_t *w = rand_bf16((uint64_t)s.n_expert * dim, 0.05f), *x = rand_bf16(dim, 1.0f);
+    float want[384], got[384];
+    memset(got, 0xFF, sizeof got);
+    sl_emu_router_logits(w, x, s.n_expert, dim, temp, want);
+    void *wd = to_dev(c, w, (size_t)s.n_expert * dim * 2), *xd = to_dev(c, x, dim * 2);
+    cr_assert_eq(sl_gpu_router_logits(c, xd, wd, got, &err), 0, "%s", err.msg);
+    for (uint32_t e = 0; e < s.n_expert; e++)
+        cr_assert_eq(memcmp(&got[e], &want[e], 4), 0, "dim %u expert %u: %.9g vs %.9g", dim, e,
+                     got[e], want[e]);
+    sl_gpu_free(c, wd);
+    sl_gpu_free(c, xd);
+    sl_gpu_close(&c);
+    free(w);
+    free(x);
+}
+
+Test(moe_gpu, router_bit_exact)
+{
+    NEED_GPU();
+    check_router(5120, 1.0f);
+    check_router(512, 0.7f);
+}
+
+/* ---- a whole layer ---- */
+
+typedef struct layer {
+    sl_moe_shape s;
+    uint16_t *x;
+    sl_moe_route route;
+    sl_moe_expert_w w[8], sh; /* host copies */
+} layer;
+
+static void make_layer(layer *L, uint32_t dim, uint32_t inter, uint32_t n_used, int sh_bf16)
+{
+    memset(L, 0, sizeof *L);
+    L->s = make_shape(dim, inter, n_used, sh_bf16);
+    const float gs = 0.004f * sqrtf(5120.0f / dim), ds = 0.0005f * sqrtf(2304.0f / inter);
+    const uint64_t n = (uint64_t)dim * inter;
+    L->x = rand_bf16(dim, 1.0f);
+    float wsum = 0;
+    for (uint32_t k = 0; k < n_used; k++) {
+        uint32_t e;
+        int dup;
+        do {
+            e = (uint32_t)(rnd() % 384);
+            dup = 0;
+            for (uint32_t j = 0; j < k; j++) dup |= L->route.expert[j] == e;
+        } while (dup);
+        L->route.expert[k] = e;
+        L->route.weight[k] = 0.2f + urand();
+        wsum += L->route.weight[k];
+        L->w[k].gate = rand_blocks(SL_QTYPE_Q2_K, n, gs);
+        L->w[k].up = rand_blocks(SL_QTYPE_Q2_K, n, gs);
+        L->w[k].down = rand_blocks(SL_QTYPE_Q3_K, n, ds);
+    }
+    for (uint32_t k = 0; k < n_used; k++) L->route.weight[k] *= 1.5f / wsum;
+    if (sh_bf16) {
+        L->sh.gate = rand_bf16(n, 0.06f * sqrtf(512.0f / dim));
+        L->sh.up = rand_bf16(n, 0.06f * sqrtf(512.0f / dim));
+        L->sh.down = rand_bf16(n, 0.02f * sqrtf(256.0f / inter));
+    } else {
+        L->sh.gate = rand_blocks(SL_QTYPE_Q2_K, n, gs);
+        L->sh.up = rand_blocks(SL_QTYPE_Q2_K, n, gs);
+        L->sh.down = rand_blocks(SL_QTYPE_Q3_K, n, ds);
+    }
+}
+
+static void free_layer(layer *L)
+{
+    free(L->x);
+    for (uint32_t k = 0; k < L->s.n_used; k++) {
+        free((void *)L->w[k].gate);
+        free((void *)L->w[k].up);
+        free((void *)L->w[k].down);
+    }
+    free((void *)L->sh.gate);
+    free((void *)L->sh.up);
+    free((void *)L->sh.down);
+}
+
+static size_t bytes_of(uint32_t type, uint64_t n)
+{
+    return (size_t)sl_qtype_row_bytes(type, n);
+}
+
+/* Device-visible copies of an expert's weights: uploaded, or the host buffers
+ * registered in place (mapped). */
+static sl_moe_expert_w place(sl_gpu_ctx *c, const sl_moe_expert_w *h, const sl_moe_shape *s,
+                             int bf16, int in_host, void **keep)
+{
+    const uint64_t n = (uint64_t)s->dim * s->inter;
+    const size_t bg = bytes_of(bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q2_K, n);
+    const size_t bd = bytes_of(bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q3_K, n);
+    const void *src[3] = {h->gate, h->up, h->down};
+    const size_t len[3] = {bg, bg, bd};
+    void *dst[3];
+    sl_err err = {0};
+    for (int i = 0; i < 3; i++) {
+        if (in_host) {
+            cr_assert_eq(
+                sl_gpu_host_register((void *)src[i], (len[i] + 4095) / 4096 * 4096, &dst[i], &err),
+                0, "%s", err.msg);
+            keep[i] = (void *)src[i];
+        } else {
+            dst[i] = to_dev(c, src[i], len[i]);
+            keep[i] = dst[i];
+        }
+    }
+    return (sl_moe_expert_w){dst[0], dst[1], dst[2]};
+}
+
+static void unplace(sl_gpu_ctx *c, void **keep, int in_host)
+{
+    sl_err err = {0};
+    for (int i = 0; i < 3; i++) {
+        if (in_host)
+            cr_assert_eq(sl_gpu_host_unregister(keep[i], &err), 0, "%s", err.msg);
+        else
+            sl_gpu_free(c, keep[i]);
+    }
+}
+
+/* Runs the layer on the GPU (weights in device or registered host memory, experts
+ * given in rank order or reversed) and returns bf16 out, f32 out and intermediates. */
+typedef struct gpu_out {
+    uint16_t *out;
+    float *yf, *h, *hd, *h_sh, *y_sh;
+    int8_t *hq;
+} gpu_out;
+
+static void run_gpu(const layer *L, int in_host, int reverse, gpu_out *o)
+{
+    const sl_moe_shape *s = &L->s;
+    const uint32_t dim = s->dim, inter = s->inter, n = s->n_used;
+    const int sh_bf16 = s->sh_gate_type == SL_QTYPE_BF16;
+    sl_err err = {0};
+    sl_gpu_ctx *c = NULL;
+    cr_assert_eq(sl_gpu_open(&c, 0, s, &err), 0, "%s", err.msg);
+    void *keep[9][3];
+    sl_moe_expert_w w[8];
+    sl_moe_route route = L->route;
+    for (uint32_t k = 0; k < n; k++) {
+        const uint32_t j = reverse ? n - 1 - k : k;
+        route.expert[k] = L->route.expert[j];
+        route.weight[k] = L->route.weight[j];
+        w[k] = place(c, &L->w[j], s, 0, in_host, keep[k]);
+    }
+    const sl_moe_expert_w sh = place(c, &L->sh, s, sh_bf16, in_host, keep[8]);
+    void *xd = to_dev(c, L->x, dim * 2), *od = NULL, *fd = NULL;
+    cr_assert_eq(sl_gpu_malloc(c, &od, dim * 2, &err), 0);
+    cr_assert_eq(sl_gpu_malloc(c, &fd, dim * 4, &err), 0);
+    poison_dev(c, od, dim * 2);
+    poison_dev(c, fd, dim * 4);
+    cr_assert_eq(sl_gpu_moe_shared(c, xd, &sh, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_moe_routed(c, xd, &route, w, od, fd, &err), 0, "%s", err.msg);
+    o->out = malloc(dim * 2);
+    o->yf = malloc(dim * 4);
+    o->h = malloc((size_t)n * inter * 4);
+    o->hq = malloc((size_t)n * inter);
+    o->hd = malloc((size_t)n * inter / 32 * 4);
+    o->h_sh = malloc(inter * 4);
+    o->y_sh = malloc(dim * 4);
+    cr_assert_eq(sl_gpu_moe_peek(c, o->h, o->hq, o->hd, o->h_sh, o->y_sh, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_download(c, o->out, od, dim * 2, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_download(c, o->yf, fd, dim * 4, &err), 0, "%s", err.msg);
+    for (uint32_t k = 0; k < n; k++) unplace(c, keep[k], in_host);
+    unplace(c, keep[8], in_host);
+    sl_gpu_free(c, xd);
+    sl_gpu_free(c, od);
+    sl_gpu_free(c, fd);
+    sl_gpu_close(&c);
+}
+
+static void free_out(gpu_out *o)
+{
+    free(o->out);
+    free(o->yf);
+    free(o->h);
+    free(o->hq);
+    free(o->hd);
+    free(o->h_sh);
+    free(o->y_sh);
+}
+
+static void first_diff_f32(const char *what, const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(memcmp(&a[i], &b[i], 4), 0, "%s[%zu]: gpu %.9g, emulation %.9g", what, i, a[i],
+                     b[i]);
+}
+
+/* The plain f32 layer (MODEL.md §7.5-7) on dequantized weights. */
+static void ref_expert(const sl_moe_shape *s, const float *x, const sl_moe_expert_w *w, int bf16,
+                       float weight, float *y)
+{
+    const uint32_t dim = s->dim, inter = s->inter;
+    const uint64_t n = (uint64_t)dim * inter;
+    float *g = decode(bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q2_K, w->gate, n);
+    float *u = decode(bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q2_K, w->up, n);
+    float *d = decode(bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q3_K, w->down, n);
+    float *h = malloc(inter * sizeof(float));
+    for (uint32_t r = 0; r < inter; r++) {
+        double a = 0, b = 0;
+        for (uint32_t i = 0; i < dim; i++) {
+            a += (double)g[(size_t)r * dim + i] * x[i];
+            b += (double)u[(size_t)r * dim + i] * x[i];
+        }
+        float gv = sl_bf16_to_f32(sl_f32_to_bf16((float)a));
+        float uv = sl_bf16_to_f32(sl_f32_to_bf16((float)b));
+        uv = fminf(fmaxf(uv, -s->swiglu_limit), s->swiglu_limit);
+        gv = fminf(gv, s->swiglu_limit);
+        h[r] = sl_bf16_to_f32(sl_f32_to_bf16(gv / (1.0f + expf(-gv)) * uv * weight));
+    }
+    for (uint32_t r = 0; r < dim; r++) {
+        double a = 0;
+        for (uint32_t i = 0; i < inter; i++) a += (double)d[(size_t)r * inter + i] * h[i];
+        y[r] = sl_bf16_to_f32(sl_f32_to_bf16((float)a));
+    }
+    free(g);
+    free(u);
+    free(d);
+    free(h);
+}
+
+static void check_layer(uint32_t dim, uint32_t inter, uint32_t n_used, int sh_bf16)
+{
+    layer L;
+    make_layer(&L, dim, inter, n_used, sh_bf16);
+    const sl_moe_shape *s = &L.s;
+    sl_err err = {0};
+
+    /* the emulation, with its intermediates */
+    uint16_t *eout = malloc(dim * 2);
+    float *eyf = malloc(dim * 4), *eh = malloc((size_t)n_used * inter * 4);
+    float *ehd = malloc((size_t)n_used * inter / 32 * 4), *eh_sh = malloc(inter * 4);
+    float *ey_sh = malloc(dim * 4);
+    int8_t *ehq = malloc((size_t)n_used * inter);
+    sl_emu_trace tr = {eh, ehq, ehd, eh_sh, ey_sh};
+    cr_assert_eq(sl_emu_moe(s, L.x, &L.route, L.w, &L.sh, eout, eyf, &tr, &err), 0, "%s", err.msg);
+
+    for (int in_host = 0; in_host < 2; in_host++) {
+        gpu_out o;
+        run_gpu(&L, in_host, in_host, &o); /* host placement also reverses the rank order */
+        const char *where = in_host ? "host-mapped" : "device";
+        cr_assert_eq(memcmp(o.hq, ehq, (size_t)n_used * inter), 0, "%s: q8_1 codes of h differ",
+                     where);
+        first_diff_f32("h", o.h, eh, (size_t)n_used * inter);
+        first_diff_f32("hd", o.hd, ehd, (size_t)n_used * inter / 32);
+        first_diff_f32("h_sh", o.h_sh, eh_sh, inter);
+        first_diff_f32("y_sh", o.y_sh, ey_sh, dim);
+        first_diff_f32("out_f32", o.yf, eyf, dim);
+        cr_assert_eq(memcmp(o.out, eout, dim * 2), 0, "%s: bf16 output differs", where);
+        free_out(&o);
+    }
+
+    /* loosely against the f32 reference */
+    float *x = malloc(dim * 4), *ye = malloc(dim * 4), *ref = calloc(dim, 4);
+    for (uint32_t i = 0; i < dim; i++) x[i] = sl_bf16_to_f32(L.x[i]);
+    uint32_t order[64];
+    sl_emu_moe_order(&L.route, n_used, order);
+    for (uint32_t k = 0; k < n_used; k++) {
+        ref_expert(s, x, &L.w[order[k]], 0, L.route.weight[order[k]], ye);
+        for (uint32_t r = 0; r < dim; r++) ref[r] += ye[r];
+    }
+    ref_expert(s, x, &L.sh, sh_bf16, 1.0f, ye);
+    double se = 0, sr = 0, me = 0, mr = 0;
+    for (uint32_t r = 0; r < dim; r++) {
+        ref[r] += ye[r];
+        const double e = fabs((double)sl_bf16_to_f32(eout[r]) - ref[r]);
+        se += e * e;
+        sr += (double)ref[r] * ref[r];
+        me = fmax(me, e);
+        mr = fmax(mr, fabs(ref[r]));
+    }
+    printf("gpu layer dim %u inter %u n %u shared %s: bit-exact with the emulation "
+           "(device and host-mapped); vs f32 reference rms %.3g%%, max %.3g%% of max\n",
+           dim, inter, n_used, sh_bf16 ? "bf16" : "q2k/q3k", 100 * sqrt(se / sr), 100 * me / mr);
+    cr_assert(sqrt(se / sr) <= 0.02, "rms diff %g", sqrt(se / sr));
+    cr_assert(me <= 0.10 * mr);
+    free(x);
+    free(ye);
+    free(ref);
+    free(eout);
+    free(eyf);
+    free(eh);
+    free(ehd);
+    free(eh_sh);
+    free(ey_sh);
+    free(ehq);
+    free_layer(&L);
+}
+
+Test(moe_gpu, layer_small_dims)
+{
+    NEED_GPU();
+    check_layer(512, 256, 1, 0);
+    check_layer(512, 256, 3, 1);
+    check_layer(1280, 768, 8, 0);
+}
+
+Test(moe_gpu, layer_real_dims, .timeout = 500)
+{
+    NEED_GPU();
+    check_layer(5120, 2304, 6, 0);
+}
+
+Test(moe_gpu, layer_real_dims_bf16_shared, .timeout = 500)
+{
+    NEED_GPU();
+    check_layer(5120, 2304, 6, 1);
+}
+
+Test(moe_gpu, rejects_bad_arguments)
+{
+    NEED_GPU();
+    sl_err err = {0};
+    sl_gpu_ctx *c = NULL;
+    sl_moe_shape s = make_shape(500, 256, 2, 0);
+    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), SL_EINVAL);
+    cr_assert_null(c);
+    s = make_shape(512, 256, 9, 0);
+    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), SL_EINVAL);
+    s = make_shape(512, 256, 2, 0);
+    s.down_type = SL_QTYPE_Q4_K;
+    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), SL_EUNSUPPORTED);
+    s = make_shape(512, 256, 2, 0);
+    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    sl_moe_route r = {{1, 2}, {0.5f, 0.5f}};
+    sl_moe_expert_w w[2] = {{(void *)16, (void *)17, (void *)32},
+                            {(void *)16, (void *)16, (void *)16}};
+    void *out = NULL;
+    cr_assert_eq(sl_gpu_malloc(c, &out, 1024, &err), 0);
+    cr_assert_eq(sl_gpu_moe_routed(c, out, &r, w, out, NULL, &err), SL_EINVAL);
+    cr_assert(strstr(err.msg, "aligned"), "%s", err.msg);
+    sl_gpu_free(c, out);
+    sl_gpu_close(&c);
+    cr_assert_null(c);
+}

@@ -1,0 +1,399 @@
+/* test_moe_emu.c - the CPU emulation of the GPU MoE arithmetic (compute/moe_emu.h)
+ * against straightforward f32/f64 math on dequantized weights (sl_quant_decode).
+ *
+ * Weights are random raw blocks (every code and scale pattern occurs) with sane f16
+ * scales; inputs are fresh each run (seed from the clock, printed). Tolerances:
+ *  - one Q2_K/Q3_K row: the only approximation is q8_1 of the activation, whose error
+ *    per element is at most d/2 (d = amax/127 of its block), so
+ *    |emu - exact| <= sum_i |w_i| * d_i/2 + 1e-5 * sum_i |w_i x_i|   (f32 rounding);
+ *  - BF16 rows and router logits: f32 accumulation only, <= 1e-5 * sum_i |w_i x_i|;
+ *  - exp: <= 3 ulp-ish (4e-7 relative) of libm's expf;
+ *  - a whole layer vs the f32 reference: rms(diff) <= 2% of rms(ref) and max |diff|
+ *    <= 10% of max |ref| (q8_1 of x and of h, plus bf16 flips of g/u/h near ties).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "moe_emu.h"
+#include "quant.h"
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void)
+{
+    uint64_t x = rng_state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng_state = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+static float urand(void) /* [0, 1) */
+{
+    return (float)(rnd() >> 40) / 16777216.0f;
+}
+
+static float nrand(void) /* roughly N(0, 1) */
+{
+    return (urand() + urand() + urand() + urand() - 2.0f) * 1.7320508f;
+}
+
+static void seed_once(void)
+{
+    if (rng_state) return;
+    rng_state = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ULL | 1;
+    printf("test_moe_emu: seed %llu\n", (unsigned long long)rng_state);
+}
+
+static void put_f16(uint8_t *p, float v)
+{
+    const sl_f16 h = sl_f32_to_f16(v);
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+/* n values of random Q2_K (type 10) or Q3_K (11) blocks; d scaled by `scale`. */
+static void *rand_blocks(uint32_t type, uint64_t n, float scale)
+{
+    const uint32_t bb = type == SL_QTYPE_Q2_K ? 84 : 110;
+    uint8_t *p = malloc(n / 256 * bb);
+    cr_assert(p);
+    for (uint64_t b = 0; b < n / 256; b++) {
+        uint8_t *blk = p + b * bb;
+        for (uint32_t i = 0; i < bb; i++) blk[i] = (uint8_t)rnd();
+        if (type == SL_QTYPE_Q2_K) {
+            put_f16(blk + 80, scale * (0.5f + urand()));
+            put_f16(blk + 82, scale * (0.5f + urand()));
+        } else {
+            put_f16(blk + 108, scale * (0.5f + urand()));
+        }
+    }
+    return p;
+}
+
+static uint16_t *rand_bf16(uint64_t n, float scale)
+{
+    uint16_t *p = malloc(n * 2);
+    cr_assert(p);
+    for (uint64_t i = 0; i < n; i++) p[i] = sl_f32_to_bf16(scale * nrand());
+    return p;
+}
+
+static float *decode(uint32_t type, const void *src, uint64_t n)
+{
+    float *y = malloc(n * sizeof(float));
+    cr_assert(y);
+    cr_assert_eq(sl_quant_decode(type, src, y, n), 0);
+    return y;
+}
+
+TestSuite(moe_emu, .init = seed_once);
+
+Test(moe_emu, exp_matches_libm)
+{
+    for (int i = 0; i < 200000; i++) {
+        const float x = -100.0f + 188.0f * urand();
+        const float a = sl_emu_exp(x), b = expf(x);
+        if (b < 1e-37f) continue; /* subnormal results: absolute error is what matters */
+        cr_assert(fabsf(a - b) <= 4e-7f * b, "exp(%.9g) = %.9g, libm %.9g", x, a, b);
+    }
+    cr_assert(isinf(sl_emu_exp(89.0f)));
+    cr_assert_eq(sl_emu_exp(-110.0f), 0.0f);
+    cr_assert_eq(sl_emu_exp(0.0f), 1.0f);
+}
+
+Test(moe_emu, bf16_round_matches_quant)
+{
+    const float special[] = {0.0f,     -0.0f,    1.0f,      1.00390625f, 1.01171875f, 3.4e38f,
+                             -3.4e38f, INFINITY, -INFINITY, NAN,         1e-40f};
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+        cr_assert_eq(sl_emu_bf16_bits(special[i]), sl_f32_to_bf16(special[i]), "%g", special[i]);
+    for (int i = 0; i < 1000000; i++) {
+        uint32_t u = (uint32_t)rnd();
+        float f;
+        memcpy(&f, &u, 4);
+        cr_assert_eq(sl_emu_bf16_bits(f), sl_f32_to_bf16(f), "bits %08x", u);
+    }
+}
+
+Test(moe_emu, swiglu_clamps)
+{
+    /* up to [-10, 10], gate to (-inf, 10] */
+    const float hi = sl_emu_swiglu(50.0f, 50.0f, 1.0f, 10.0f);
+    const float want = sl_emu_bf16_round(10.0f / (1.0f + expf(-10.0f)) * 10.0f);
+    cr_assert(fabsf(hi - want) <= 1e-2f * want, "%g vs %g", hi, want);
+    const float lo = sl_emu_swiglu(50.0f, -50.0f, 1.0f, 10.0f);
+    cr_assert_eq(lo, -hi);
+    /* a very negative gate is not clamped: silu(-30) * 10 is tiny, not silu(-10) * 10 */
+    const float neg = sl_emu_swiglu(-30.0f, 10.0f, 1.0f, 10.0f);
+    cr_assert(fabsf(neg) < 1e-10f, "%g", neg);
+    /* the routing weight scales h before the bf16 rounding */
+    const float w = sl_emu_swiglu(1.0f, 2.0f, 1.5f, 10.0f);
+    const float ref = 1.0f / (1.0f + expf(-1.0f)) * 2.0f * 1.5f;
+    cr_assert(fabsf(w - ref) <= 4e-3f * ref, "%g vs %g", w, ref);
+}
+
+/* One row of `type` against fresh activations, vs the exact dot of the dequantized row
+ * with the unquantized activation, within the q8_1 bound. */
+static void check_rows(uint32_t type, uint32_t n, int rows)
+{
+    sl_emu_act act = {n, malloc(n), malloc(n / 32 * sizeof(float)), malloc(n / 16 * 4)};
+    float *x = malloc(n * sizeof(float));
+    for (int r = 0; r < rows; r++) {
+        for (uint32_t i = 0; i < n; i++) x[i] = nrand() * (r % 3 == 0 ? 10.0f : 1.0f);
+        if (r == 1) memset(x, 0, 32 * sizeof(float)); /* an all-zero q8_1 block */
+        sl_emu_act_quant(x, n, &act);
+        void *blk = rand_blocks(type, n, 0.01f);
+        float *w = decode(type, blk, n);
+        const float got =
+            type == SL_QTYPE_Q2_K ? sl_emu_dot_q2_k(blk, &act) : sl_emu_dot_q3_k(blk, &act);
+        double exact = 0, bound = 0, mag = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            exact += (double)w[i] * x[i];
+            bound += fabs((double)w[i]) * act.d[i / 32] * 0.5;
+            mag += fabs((double)w[i] * x[i]);
+        }
+        bound += 1e-5 * mag;
+        cr_assert(fabs(got - exact) <= bound, "type %u n %u row %d: %.9g vs %.9g (bound %.3g)",
+                  type, n, r, got, exact, bound);
+        free(blk);
+        free(w);
+    }
+    free(x);
+    free(act.qs);
+    free(act.d);
+    free(act.sum16);
+}
+
+Test(moe_emu, q2_k_rows_within_q8_bound)
+{
+    check_rows(SL_QTYPE_Q2_K, 256, 50);
+    check_rows(SL_QTYPE_Q2_K, 1280, 30);
+    check_rows(SL_QTYPE_Q2_K, 5120, 20);
+}
+
+Test(moe_emu, q3_k_rows_within_q8_bound)
+{
+    check_rows(SL_QTYPE_Q3_K, 256, 50);
+    check_rows(SL_QTYPE_Q3_K, 2304, 30);
+}
+
+Test(moe_emu, router_logits_f32)
+{
+    const uint32_t ne = 16, dim = 5120;
+    uint16_t *w = rand_bf16((uint64_t)ne * dim, 0.05f), *x = rand_bf16(dim, 1.0f);
+    float logits[16];
+    for (int t = 0; t < 2; t++) {
+        const float temp = t ? 2.0f : 1.0f;
+        sl_emu_router_logits(w, x, ne, dim, temp, logits);
+        for (uint32_t e = 0; e < ne; e++) {
+            double ref = 0, mag = 0;
+            for (uint32_t i = 0; i < dim; i++) {
+                const double p =
+                    (double)sl_bf16_to_f32(w[(size_t)e * dim + i]) * sl_bf16_to_f32(x[i]);
+                ref += p;
+                mag += fabs(p);
+            }
+            cr_assert(fabs(logits[e] * temp - ref) <= 1e-5 * mag + 1e-30, "e %u: %g vs %g", e,
+                      logits[e], ref);
+        }
+    }
+    free(w);
+    free(x);
+}
+
+/* ---- a whole layer ---- */
+
+typedef struct layer {
+    sl_moe_shape s;
+    uint16_t *x;
+    sl_moe_route route;
+    sl_moe_expert_w w[8], sh;
+    void *buf[32];
+    int nbuf;
+} layer;
+
+static void *keep(layer *L, void *p)
+{
+    L->buf[L->nbuf++] = p;
+    return p;
+}
+
+static void make_layer(layer *L, uint32_t dim, uint32_t inter, uint32_t n_used, int sh_bf16)
+{
+    memset(L, 0, sizeof *L);
+    L->s = (sl_moe_shape){.dim = dim,
+                          .inter = inter,
+                          .n_expert = 384,
+                          .n_used = n_used,
+                          .gate_type = SL_QTYPE_Q2_K,
+                          .up_type = SL_QTYPE_Q2_K,
+                          .down_type = SL_QTYPE_Q3_K,
+                          .sh_gate_type = sh_bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q2_K,
+                          .sh_up_type = sh_bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q2_K,
+                          .sh_down_type = sh_bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q3_K,
+                          .route_scale = 1.5f,
+                          .norm_topk = 1,
+                          .swiglu_limit = 10.0f,
+                          .gate_temp = 1.0f};
+    const float gs = 0.004f * sqrtf(5120.0f / dim), ds = 0.0005f * sqrtf(2304.0f / inter);
+    L->x = keep(L, rand_bf16(dim, 1.0f));
+    float wsum = 0;
+    for (uint32_t k = 0; k < n_used; k++) {
+        uint32_t e;
+        int dup;
+        do { /* distinct ids */
+            e = (uint32_t)(rnd() % 384);
+            dup = 0;
+            for (uint32_t j = 0; j < k; j++) dup |= L->route.expert[j] == e;
+        } while (dup);
+        L->route.expert[k] = e;
+        L->route.weight[k] = 0.2f + urand();
+        wsum += L->route.weight[k];
+        L->w[k].gate = keep(L, rand_blocks(SL_QTYPE_Q2_K, (uint64_t)dim * inter, gs));
+        L->w[k].up = keep(L, rand_blocks(SL_QTYPE_Q2_K, (uint64_t)dim * inter, gs));
+        L->w[k].down = keep(L, rand_blocks(SL_QTYPE_Q3_K, (uint64_t)dim * inter, ds));
+    }
+    for (uint32_t k = 0; k < n_used; k++) L->route.weight[k] *= 1.5f / wsum;
+    if (sh_bf16) {
+        L->sh.gate = keep(L, rand_bf16((uint64_t)dim * inter, 0.06f * sqrtf(512.0f / dim)));
+        L->sh.up = keep(L, rand_bf16((uint64_t)dim * inter, 0.06f * sqrtf(512.0f / dim)));
+        L->sh.down = keep(L, rand_bf16((uint64_t)dim * inter, 0.02f * sqrtf(256.0f / inter)));
+    } else {
+        L->sh.gate = keep(L, rand_blocks(SL_QTYPE_Q2_K, (uint64_t)dim * inter, gs));
+        L->sh.up = keep(L, rand_blocks(SL_QTYPE_Q2_K, (uint64_t)dim * inter, gs));
+        L->sh.down = keep(L, rand_blocks(SL_QTYPE_Q3_K, (uint64_t)dim * inter, ds));
+    }
+}
+
+static void free_layer(layer *L)
+{
+    for (int i = 0; i < L->nbuf; i++) free(L->buf[i]);
+}
+
+/* The textbook layer (MODEL.md §7.5-7): dequantized weights, unquantized activations,
+ * f64 dot products rounded to f32, libm expf. */
+static void ref_expert(const sl_moe_shape *s, const float *x, const sl_moe_expert_w *w, int bf16,
+                       float weight, float *y)
+{
+    const uint32_t dim = s->dim, inter = s->inter;
+    const uint64_t n = (uint64_t)dim * inter;
+    float *g = decode(bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q2_K, w->gate, n);
+    float *u = decode(bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q2_K, w->up, n);
+    float *d = decode(bf16 ? SL_QTYPE_BF16 : SL_QTYPE_Q3_K, w->down, n);
+    float *h = malloc(inter * sizeof(float));
+    for (uint32_t r = 0; r < inter; r++) {
+        double a = 0, b = 0;
+        for (uint32_t i = 0; i < dim; i++) {
+            a += (double)g[(size_t)r * dim + i] * x[i];
+            b += (double)u[(size_t)r * dim + i] * x[i];
+        }
+        float gv = sl_bf16_to_f32(sl_f32_to_bf16((float)a));
+        float uv = sl_bf16_to_f32(sl_f32_to_bf16((float)b));
+        uv = fminf(fmaxf(uv, -s->swiglu_limit), s->swiglu_limit);
+        gv = fminf(gv, s->swiglu_limit);
+        const float hv = gv / (1.0f + expf(-gv)) * uv * weight;
+        h[r] = sl_bf16_to_f32(sl_f32_to_bf16(hv));
+    }
+    for (uint32_t r = 0; r < dim; r++) {
+        double a = 0;
+        for (uint32_t i = 0; i < inter; i++) a += (double)d[(size_t)r * inter + i] * h[i];
+        y[r] = sl_bf16_to_f32(sl_f32_to_bf16((float)a));
+    }
+    free(g);
+    free(u);
+    free(d);
+    free(h);
+}
+
+static void ref_layer(const layer *L, float *y)
+{
+    const sl_moe_shape *s = &L->s;
+    float *x = malloc(s->dim * sizeof(float)), *ye = malloc(s->dim * sizeof(float));
+    for (uint32_t i = 0; i < s->dim; i++) x[i] = sl_bf16_to_f32(L->x[i]);
+    for (uint32_t r = 0; r < s->dim; r++) y[r] = 0;
+    uint32_t order[64];
+    sl_emu_moe_order(&L->route, s->n_used, order);
+    for (uint32_t k = 0; k < s->n_used; k++) {
+        ref_expert(s, x, &L->w[order[k]], 0, L->route.weight[order[k]], ye);
+        for (uint32_t r = 0; r < s->dim; r++) y[r] += ye[r];
+    }
+    ref_expert(s, x, &L->sh, s->sh_gate_type == SL_QTYPE_BF16, 1.0f, ye);
+    for (uint32_t r = 0; r < s->dim; r++) y[r] += ye[r];
+    free(x);
+    free(ye);
+}
+
+static void check_layer(uint32_t dim, uint32_t inter, uint32_t n_used, int sh_bf16)
+{
+    layer L;
+    make_layer(&L, dim, inter, n_used, sh_bf16);
+    uint16_t *out = malloc(dim * 2);
+    float *yf = malloc(dim * sizeof(float)), *ref = malloc(dim * sizeof(float));
+    sl_err err = {0};
+    cr_assert_eq(sl_emu_moe(&L.s, L.x, &L.route, L.w, &L.sh, out, yf, NULL, &err), 0, "%s",
+                 err.msg);
+    ref_layer(&L, ref);
+    double se = 0, sr = 0, me = 0, mr = 0;
+    for (uint32_t r = 0; r < dim; r++) {
+        cr_assert_eq(out[r], sl_f32_to_bf16(yf[r]));
+        const double e = fabs((double)yf[r] - ref[r]);
+        se += e * e;
+        sr += (double)ref[r] * ref[r];
+        me = fmax(me, e);
+        mr = fmax(mr, fabs(ref[r]));
+    }
+    const double rel = sqrt(se / sr);
+    printf("layer dim %u inter %u n %u shared %s: rms err %.3g%%, max err %.3g%% of max\n", dim,
+           inter, n_used, sh_bf16 ? "bf16" : "q", 100 * rel, 100 * me / mr);
+    cr_assert(sr > 0);
+    cr_assert(rel <= 0.02, "rms(diff)/rms(ref) = %g", rel);
+    cr_assert(me <= 0.10 * mr, "max diff %g vs max ref %g", me, mr);
+
+    /* the same experts in another rank order give the same bytes */
+    layer P = L;
+    for (uint32_t k = 0; k < n_used; k++) {
+        const uint32_t j = n_used - 1 - k;
+        P.route.expert[k] = L.route.expert[j];
+        P.route.weight[k] = L.route.weight[j];
+        P.w[k] = L.w[j];
+    }
+    uint16_t *out2 = malloc(dim * 2);
+    cr_assert_eq(sl_emu_moe(&P.s, P.x, &P.route, P.w, &P.sh, out2, NULL, NULL, &err), 0);
+    cr_assert_eq(memcmp(out, out2, dim * 2), 0, "rank order changed the output");
+    free(out2);
+    free(out);
+    free(yf);
+    free(ref);
+    free_layer(&L);
+}
+
+Test(moe_emu, layer_vs_f32_reference_small)
+{
+    check_layer(512, 256, 3, 0);
+    check_layer(1024, 512, 6, 1);
+}
+
+Test(moe_emu, layer_vs_f32_reference_real_dims, .timeout = 240)
+{
+    check_layer(5120, 2304, 2, 0);
+}
+
+Test(moe_emu, rejects_bad_shapes)
+{
+    layer L;
+    make_layer(&L, 512, 256, 2, 0);
+    uint16_t out[512];
+    sl_err err = {0};
+    L.s.dim = 500;
+    cr_assert_eq(sl_emu_moe(&L.s, L.x, &L.route, L.w, NULL, out, NULL, NULL, &err), SL_EINVAL);
+    L.s.dim = 512;
+    L.s.down_type = SL_QTYPE_Q4_K;
+    cr_assert_eq(sl_emu_moe(&L.s, L.x, &L.route, L.w, NULL, out, NULL, NULL, &err),
+                 SL_EUNSUPPORTED);
+    free_layer(&L);
+}
