@@ -18,6 +18,7 @@
 
 #include "err.h"
 #include "quant.h"
+#include "moe_emu.h"
 #include "router.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -554,4 +555,36 @@ Test(router_route, logits_then_select)
     s.dim = 500;
     cr_expect_eq(sl_router_route(x, &lw, &s, logits, &a, &err), SL_EINVAL);
     free(w);
+}
+
+/* The router of router/ and the emulation of the GPU router GEMV (compute/moe_emu.h)
+ * implement the same documented order: they must agree to the bit, so that the CPU
+ * path and the GPU path of the engine route every token alike. */
+Test(router_cross, router_equals_the_gpu_emulation_bit_for_bit)
+{
+    const uint32_t n_expert = 48, dim = 1024;
+    uint16_t *w = malloc(sizeof(uint16_t) * n_expert * dim), *x = malloc(sizeof(uint16_t) * dim);
+    float *a = malloc(sizeof(float) * n_expert), *b = malloc(sizeof(float) * n_expert);
+    uint64_t s = 0x5eed;
+    for (int round = 0; round < 20; round++) {
+        for (uint32_t i = 0; i < n_expert * dim; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            w[i] = sl_f32_to_bf16(((float)(int32_t)(s >> 32) / 2147483648.0f) * 0.05f);
+        }
+        for (uint32_t i = 0; i < dim; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            x[i] = sl_f32_to_bf16(((float)(int32_t)(s >> 32) / 2147483648.0f) * (round + 1));
+        }
+        float temp = round % 2 ? 1.0f : 0.75f;
+        sl_err err = {0};
+        cr_assert_eq(sl_router_logits(x, w, n_expert, dim, temp, a, &err), 0, "%s", err.msg);
+        sl_emu_router_logits(w, x, n_expert, dim, temp, b);
+        for (uint32_t e = 0; e < n_expert; e++)
+            cr_assert(memcmp(&a[e], &b[e], sizeof(float)) == 0,
+                      "round %d expert %u: router %.9g, GPU emulation %.9g", round, e, a[e], b[e]);
+    }
+    free(w);
+    free(x);
+    free(a);
+    free(b);
 }
