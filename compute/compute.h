@@ -22,7 +22,11 @@
 #include "err.h"
 
 enum sl_compute_backend {
-    SL_BACKEND_CPU = 0, /* the plain f32 CPU reference of the layer (compute/moe_ref.h) */
+    SL_BACKEND_AUTO = 0, /* the GPU when one is present, else the CPU emulation */
+    SL_BACKEND_CPU = 1,  /* the CPU emulation of the GPU arithmetic (compute/moe_emu.h):
+                            the same bytes out as the GPU */
+    SL_BACKEND_REF = 2,  /* the plain f32 CPU reference (compute/moe_ref.h): the oracle */
+    SL_BACKEND_GPU = 3,  /* the CUDA kernels (compute/gpu.h) */
 };
 
 typedef struct sl_compute_options {
@@ -33,7 +37,9 @@ typedef struct sl_compute_options {
     const char *out_path;   /* --out: every step's h, bf16 little-endian, appended */
     const char *trace_path; /* --trace: Chrome trace JSON of this process */
     uint32_t timeout_ms;    /* --timeout: longest wait for one layer's experts */
-    int backend;            /* enum sl_compute_backend */
+    int backend;            /* enum sl_compute_backend (--backend) */
+    uint32_t t0_slots;      /* --t0-slots: device expert slots (GPU); 0 = read T1 in place */
+    int zero_copy;          /* --zero-copy: no T0 even on a discrete GPU */
     int quiet;              /* -q: no banner, no per-run summary */
 } sl_compute_options;
 

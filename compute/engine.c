@@ -18,23 +18,45 @@
 #include "client.h"
 #include "expert_map.h"
 #include "gguf.h"
+#include "moe_emu.h"
 #include "moe_ref.h"
 #include "moe_types.h"
+#include "policy.h"
 #include "proto.h"
 #include "quant.h"
 #include "router.h"
 #include "synth.h"
 #include "trace.h"
 
+#ifdef SL_HAVE_CUDA
+#include "gpu.h"
+#endif
+
 #define TRACE_CAPACITY (1u << 18)
+#define NO_SLOT        UINT32_MAX
 
 typedef struct layer_w {
-    float *ffn_norm;    /* [dim] f32 */
-    uint16_t *router;   /* [n_expert][dim] bf16 */
-    float *bias;        /* [n_expert] f32 */
-    void *shared[3];    /* shared expert gate/up/down raw blocks */
-    sl_moe_layer_w moe; /* views of the above */
+    float *ffn_norm;     /* [dim] f32 */
+    uint16_t *router;    /* [n_expert][dim] bf16 */
+    float *bias;         /* [n_expert] f32 */
+    void *shared[3];     /* shared expert gate/up/down raw blocks */
+    sl_moe_layer_w moe;  /* views of the above */
+    void *router_dev;    /* GPU: [n_expert][dim] bf16 */
+    void *shared_dev[3]; /* GPU: the shared expert's blocks */
+    sl_moe_expert_w shared_w_dev;
 } layer_w;
+
+/* The device tier: whole experts copied from T1 into device slots, with their own
+ * eviction policy (common/policy.h). */
+typedef struct t0_tier {
+    uint32_t n_slot;
+    uint8_t *base; /* device memory, n_slot * slot_bytes */
+    uint64_t slot_bytes;
+    sl_policy *policy;
+    uint32_t *slot_of; /* [n_layer * n_expert] T0 slot, NO_SLOT when absent */
+    uint32_t *owner;   /* [n_slot] layer * n_expert + expert, NO_SLOT when empty */
+    uint8_t *in_use;   /* [n_slot] 1 while the current layer uses it */
+} t0_tier;
 
 typedef struct stage_times {
     uint64_t route_ns, wait_ns, compute_ns;
@@ -55,6 +77,16 @@ struct sl_compute {
     uint16_t *h, *x, *y;      /* [dim] bf16: residual stream, normed input, MoE output */
     sl_moe_expert_w *experts; /* [n_expert] views into pinned slots */
     sl_fetch_client *client;
+    int backend;                 /* the backend in use (never AUTO) */
+    sl_moe_expert_w by_rank[64]; /* the picked experts' weights, by rank */
+#ifdef SL_HAVE_CUDA
+    sl_gpu_ctx *gpu;
+    uint16_t *x_dev, *y_dev; /* [dim] bf16 */
+    sl_arena *registered;    /* the arena mapping registered with CUDA */
+    uint8_t *arena_dev;      /* its device address */
+    t0_tier t0;
+#endif
+    uint64_t hit_t0;
     sl_trace *trace;
     FILE *out;
     /* counters */
@@ -73,7 +105,7 @@ void sl_compute_options_default(sl_compute_options *o)
     o->steps = 16;
     o->seed = 1;
     o->timeout_ms = 60000;
-    o->backend = SL_BACKEND_CPU;
+    o->backend = SL_BACKEND_AUTO;
 }
 
 static int parse_u64(const char *flag, const char *s, uint64_t lo, uint64_t hi, uint64_t *out,
@@ -98,6 +130,9 @@ enum opt_id {
     OPT_OUT,
     OPT_TRACE,
     OPT_TIMEOUT,
+    OPT_BACKEND,
+    OPT_T0,
+    OPT_ZERO_COPY,
     OPT_QUIET,
     OPT_HELP
 };
@@ -113,6 +148,11 @@ static const struct opt_def {
     {OPT_OUT, "-o", "--out", "FILE", "write every step's output (bf16) to FILE"},
     {OPT_TRACE, NULL, "--trace", "FILE", "write this process's spans as Chrome trace JSON"},
     {OPT_TIMEOUT, NULL, "--timeout", "MS", "longest wait for one layer's experts (default 60000)"},
+    {OPT_BACKEND, NULL, "--backend", "NAME",
+     "gpu, cpu (the GPU's arithmetic on the CPU) or ref (f32 reference); default: gpu if present"},
+    {OPT_T0, NULL, "--t0-slots", "N",
+     "device expert slots (GPU); 0 = read the host arena in place"},
+    {OPT_ZERO_COPY, NULL, "--zero-copy", NULL, "no device tier: kernels read the host arena"},
     {OPT_QUIET, "-q", "--quiet", NULL, "no banner and no summary"},
     {OPT_HELP, "-h", "--help", NULL, "this help"},
 };
@@ -157,6 +197,23 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
         case OPT_TIMEOUT:
             rc = parse_u64(a, v, 1, 86400000, &n, err);
             o->timeout_ms = (uint32_t)n;
+            break;
+        case OPT_BACKEND:
+            if (!strcmp(v, "gpu"))
+                o->backend = SL_BACKEND_GPU;
+            else if (!strcmp(v, "cpu"))
+                o->backend = SL_BACKEND_CPU;
+            else if (!strcmp(v, "ref"))
+                o->backend = SL_BACKEND_REF;
+            else
+                return sl_err_set(err, SL_EINVAL, "--backend %s: expected gpu, cpu or ref", v);
+            break;
+        case OPT_T0:
+            rc = parse_u64(a, v, 0, 1u << 24, &n, err);
+            o->t0_slots = (uint32_t)n;
+            break;
+        case OPT_ZERO_COPY:
+            o->zero_copy = 1;
             break;
         case OPT_QUIET:
             o->quiet = 1;
@@ -257,6 +314,123 @@ static int load_layers(sl_compute *c, sl_err *err)
     return 0;
 }
 
+/* ---------------------------------------------------------------- GPU */
+
+#ifdef SL_HAVE_CUDA
+/* The fetch client is about to unmap an arena (a fetcher restart): drop its CUDA
+ * registration first. */
+static void unregister_arena(void *ctx, sl_arena *old)
+{
+    sl_compute *c = ctx;
+    if (c->registered != old) return;
+    sl_gpu_host_unregister(old->base, NULL);
+    c->registered = NULL;
+    c->arena_dev = NULL;
+}
+
+/* The current arena mapping, registered (mapped + portable) so kernels can read it. */
+static int ensure_registered(sl_compute *c, sl_err *err)
+{
+    sl_arena *a = sl_fetch_client_arena(c->client);
+    if (c->registered == a) return 0;
+    void *dev = NULL;
+    int rc = sl_gpu_host_register(a->base, a->total_bytes, &dev, err);
+    if (rc) return rc;
+    c->registered = a;
+    c->arena_dev = dev;
+    return 0;
+}
+
+static uint64_t blocks_bytes(uint32_t type, uint32_t cols, uint32_t rows)
+{
+    return sl_qtype_row_bytes(type, cols) * rows;
+}
+
+static int upload_new(sl_compute *c, const void *host, uint64_t bytes, void **dev, sl_err *err)
+{
+    int rc = sl_gpu_malloc(c->gpu, dev, bytes, err);
+    if (!rc) rc = sl_gpu_upload(c->gpu, *dev, host, bytes, err);
+    return rc;
+}
+
+/* Opens the GPU context, uploads the resident weights and sizes the device tier. */
+static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
+{
+    const sl_model_config *m = &c->cfg;
+    int rc = sl_gpu_open(&c->gpu, 0, &c->shape, err);
+    if (!rc) rc = sl_gpu_malloc(c->gpu, (void **)&c->x_dev, m->dim * sizeof(uint16_t), err);
+    if (!rc) rc = sl_gpu_malloc(c->gpu, (void **)&c->y_dev, m->dim * sizeof(uint16_t), err);
+    const uint64_t sh_bytes[3] = {blocks_bytes(c->shape.sh_gate_type, m->dim, m->moe_inter),
+                                  blocks_bytes(c->shape.sh_up_type, m->dim, m->moe_inter),
+                                  blocks_bytes(c->shape.sh_down_type, m->moe_inter, m->dim)};
+    *resident = 0;
+    for (uint32_t l = 0; l < m->n_layer && !rc; l++) {
+        layer_w *w = &c->layers[l];
+        uint64_t rb = (uint64_t)m->n_expert * m->dim * sizeof(uint16_t);
+        rc = upload_new(c, w->router, rb, &w->router_dev, err);
+        for (int p = 0; p < 3 && !rc; p++)
+            rc = upload_new(c, w->shared[p], sh_bytes[p], &w->shared_dev[p], err);
+        *resident += rb + sh_bytes[0] + sh_bytes[1] + sh_bytes[2];
+        w->shared_w_dev = (sl_moe_expert_w){w->shared_dev[0], w->shared_dev[1], w->shared_dev[2]};
+    }
+    if (rc || !c->opt.t0_slots || c->opt.zero_copy) return rc;
+    t0_tier *t = &c->t0;
+    uint64_t n_ent = (uint64_t)m->n_layer * m->n_expert;
+    t->n_slot = c->opt.t0_slots < n_ent ? c->opt.t0_slots : (uint32_t)n_ent;
+    t->slot_bytes = c->map->layout.slot_bytes;
+    rc = sl_gpu_malloc(c->gpu, (void **)&t->base, t->n_slot * t->slot_bytes, err);
+    if (!rc) rc = sl_policy_init(&t->policy, SL_POLICY_OLDEST_RANDOM, t->n_slot, 1, err);
+    if (rc) return rc;
+    t->slot_of = malloc(n_ent * sizeof *t->slot_of);
+    t->owner = malloc(t->n_slot * sizeof *t->owner);
+    t->in_use = calloc(t->n_slot, 1);
+    if (!t->slot_of || !t->owner || !t->in_use) return sl_err_set(err, SL_ENOMEM, "out of memory");
+    for (uint64_t i = 0; i < n_ent; i++) t->slot_of[i] = NO_SLOT;
+    for (uint32_t i = 0; i < t->n_slot; i++) t->owner[i] = NO_SLOT;
+    return 0;
+}
+
+static void gpu_close(sl_compute *c)
+{
+    if (!c->gpu) return;
+    sl_gpu_sync(c->gpu, NULL);
+    if (c->registered) {
+        sl_gpu_host_unregister(c->registered->base, NULL);
+        c->registered = NULL;
+    }
+    for (uint32_t l = 0; c->layers && l < c->cfg.n_layer; l++) {
+        sl_gpu_free(c->gpu, c->layers[l].router_dev);
+        for (int p = 0; p < 3; p++) sl_gpu_free(c->gpu, c->layers[l].shared_dev[p]);
+    }
+    sl_gpu_free(c->gpu, c->x_dev);
+    sl_gpu_free(c->gpu, c->y_dev);
+    sl_gpu_free(c->gpu, c->t0.base);
+    sl_policy_free(&c->t0.policy);
+    free(c->t0.slot_of);
+    free(c->t0.owner);
+    free(c->t0.in_use);
+    sl_gpu_close(&c->gpu);
+}
+
+static int t0_busy(void *ctx, uint32_t slot)
+{
+    return ((const t0_tier *)ctx)->in_use[slot];
+}
+
+/* Device pointers of an expert whose bytes sit in a slot laid out like the arena's
+ * (T1 read in place, or a T0 copy of such a slot). */
+static sl_moe_expert_w slot_parts(sl_compute *c, const uint8_t *slot_dev, uint32_t layer,
+                                  uint32_t expert)
+{
+    const void *part[3];
+    for (int p = 0; p < 3; p++) {
+        const sl_expert_slice *s = sl_expert_map_slice(c->map, layer, expert, p);
+        part[p] = slot_dev + c->map->layout.part_offset[p] + s->offset % c->map->layout.align;
+    }
+    return (sl_moe_expert_w){part[0], part[1], part[2]};
+}
+#endif
+
 /* ---------------------------------------------------------------- open/close */
 
 int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
@@ -317,6 +491,36 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
             goto fail;
         }
     }
+    uint64_t resident = 0; /* bytes of resident weights on the GPU */
+    (void)resident;
+    c->backend = o->backend;
+    if (c->backend == SL_BACKEND_AUTO || c->backend == SL_BACKEND_GPU) {
+        int n_gpu = 0;
+#ifdef SL_HAVE_CUDA
+        rc = sl_gpu_device_count(&n_gpu, err);
+        if (rc) goto fail;
+#endif
+        if (n_gpu > 0) {
+            c->backend = SL_BACKEND_GPU;
+        } else if (c->backend == SL_BACKEND_GPU) {
+            rc = sl_err_set(err, SL_EUNSUPPORTED, "--backend gpu: %s",
+#ifdef SL_HAVE_CUDA
+                            "no CUDA device is present"
+#else
+                            "this build has no CUDA (nvcc was not found when it was built)"
+#endif
+            );
+            goto fail;
+        } else {
+            c->backend = SL_BACKEND_CPU;
+        }
+    }
+#ifdef SL_HAVE_CUDA
+    if (c->backend == SL_BACKEND_GPU) {
+        rc = gpu_open(c, &resident, err);
+        if (rc) goto fail;
+    }
+#endif
     if (o->endpoint) {
         sl_strlcpy(c->endpoint, o->endpoint, sizeof c->endpoint);
     } else {
@@ -328,6 +532,10 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
     sl_fetch_client_options_default(&co, c->endpoint);
     co.fingerprint = c->gguf->fingerprint;
     co.connect_ms = o->timeout_ms;
+#ifdef SL_HAVE_CUDA
+    co.on_unmap = unregister_arena;
+    co.on_unmap_ctx = c;
+#endif
     rc = sl_fetch_client_open(&c->client, &co, err);
     if (rc) goto fail;
     const sl_proto_welcome *w = sl_fetch_client_welcome(c->client);
@@ -337,12 +545,25 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
                         w->n_expert, m->n_layer, m->n_expert);
         goto fail;
     }
-    if (!o->quiet)
+    if (!o->quiet) {
+        static const char *const names[] = {"auto", "CPU emulation of the GPU arithmetic",
+                                            "CPU f32 reference", "GPU"};
         fprintf(stderr,
-                "sluice-compute: %s: %u layers, dim %u, %u experts (top %u) of %u; CPU reference "
-                "backend; fetcher at %s, arena %s (%u slots)\n",
+                "sluice-compute: %s: %u layers, dim %u, %u experts (top %u) of %u; backend: %s\n"
+                "sluice-compute: memory plan: T1 host arena %s, %u slots of %.1f MiB (fetcher at "
+                "%s)",
                 o->model, m->n_layer, m->dim, m->n_expert, m->n_expert_used, m->moe_inter,
-                c->endpoint, w->arena_name, w->slot_count);
+                names[c->backend], w->arena_name, w->slot_count, (double)w->slot_bytes / (1 << 20),
+                c->endpoint);
+#ifdef SL_HAVE_CUDA
+        if (c->backend == SL_BACKEND_GPU)
+            fprintf(stderr, "; GPU resident weights %.1f MiB; T0 device tier %u slots (%.1f MiB)%s",
+                    (double)resident / (1 << 20), c->t0.n_slot,
+                    (double)c->t0.n_slot * (double)c->map->layout.slot_bytes / (1 << 20),
+                    c->t0.n_slot ? "" : ", kernels read T1 in place (zero-copy)");
+#endif
+        fprintf(stderr, "\n");
+    }
     *out = c;
     return 0;
 fail:
@@ -359,6 +580,9 @@ void sl_compute_close(sl_compute **pc)
         if (sl_trace_write_json(c->trace, c->opt.trace_path, &e))
             fprintf(stderr, "sluice-compute: %s\n", e.msg);
     }
+#ifdef SL_HAVE_CUDA
+    gpu_close(c);
+#endif
     sl_fetch_client_close(&c->client);
     if (c->out) fclose(c->out);
     if (c->layers) {
@@ -439,34 +663,141 @@ static void bind_experts(sl_compute *c, uint32_t layer, const sl_fetch_pin *pins
     }
 }
 
+/* Route x: the router GEMV on the device that computes the layer, the selection on
+ * the CPU in the reference's order. */
+static int route_x(sl_compute *c, layer_w *w, sl_moe_route *route, sl_err *err)
+{
+#ifdef SL_HAVE_CUDA
+    if (c->backend == SL_BACKEND_GPU) {
+        int rc = sl_gpu_upload(c->gpu, c->x_dev, c->x, c->cfg.dim * sizeof(uint16_t), err);
+        if (!rc) rc = sl_gpu_router_logits(c->gpu, c->x_dev, w->router_dev, c->logits, err);
+        if (!rc) rc = sl_router_select(c->logits, w->bias, &c->shape, route, err);
+        /* The shared expert does not wait for the routing: side stream, now. */
+        if (!rc) rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
+        return rc;
+    }
+#endif
+    return sl_router_route(c->x, &w->moe, &c->shape, c->logits, route, err);
+}
+
+/* Gets the picked experts that the device tier does not hold from the fetcher (pins
+ * in pins[0..*n_pins)), and fills c->by_rank with the pointers the backend reads. */
+static int gather(sl_compute *c, uint32_t l, const sl_moe_route *route, sl_fetch_pin *pins,
+                  uint32_t *n_pins, sl_err *err)
+{
+    uint32_t n = c->shape.n_used, want[64], rank_of[64];
+    *n_pins = 0;
+    for (uint32_t i = 0; i < n; i++) {
+#ifdef SL_HAVE_CUDA
+        t0_tier *t = &c->t0;
+        if (t->n_slot) {
+            uint32_t slot = t->slot_of[(uint64_t)l * c->cfg.n_expert + route->expert[i]];
+            if (slot != NO_SLOT) {
+                t->in_use[slot] = 1;
+                sl_policy_touch(t->policy, slot);
+                c->by_rank[i] = slot_parts(c, t->base + slot * t->slot_bytes, l, route->expert[i]);
+                c->hit_t0++;
+                continue;
+            }
+        }
+#endif
+        rank_of[*n_pins] = i;
+        want[(*n_pins)++] = route->expert[i];
+    }
+    if (!*n_pins) return 0;
+    int rc = sl_fetch_client_get(c->client, l, want, *n_pins, pins, c->opt.timeout_ms, err);
+    if (rc) {
+        *n_pins = 0;
+        return rc;
+    }
+    for (uint32_t k = 0; k < *n_pins; k++) {
+        if (!pins[k].from_fetcher)
+            c->hit_shm++;
+        else if (pins[k].source == SL_PROTO_SRC_HIT)
+            c->hit_fetcher++;
+        else {
+            c->from_disk++;
+            c->read_us += pins[k].read_us;
+        }
+    }
+    sl_arena *a = sl_fetch_client_arena(c->client);
+    bind_experts(c, l, pins, *n_pins); /* host views, c->experts[expert] */
+    for (uint32_t k = 0; k < *n_pins; k++) {
+        uint32_t i = rank_of[k];
+        c->by_rank[i] = c->experts[want[k]];
+#ifdef SL_HAVE_CUDA
+        if (c->backend != SL_BACKEND_GPU) continue;
+        const uint8_t *host_slot = sl_arena_slot_data(a, pins[k].slot);
+        t0_tier *t = &c->t0;
+        if (t->n_slot) {
+            /* Into the device tier: a whole slot, so the layout stays the arena's. */
+            int64_t v = sl_policy_victim(t->policy, t0_busy, t);
+            if (v >= 0) {
+                uint32_t slot = (uint32_t)v;
+                if (t->owner[slot] != NO_SLOT) t->slot_of[t->owner[slot]] = NO_SLOT;
+                rc = sl_gpu_upload(c->gpu, t->base + slot * t->slot_bytes, host_slot, t->slot_bytes,
+                                   err);
+                if (rc) return rc;
+                t->owner[slot] = l * c->cfg.n_expert + want[k];
+                t->slot_of[t->owner[slot]] = slot;
+                t->in_use[slot] = 1;
+                sl_policy_touch(t->policy, slot);
+                c->by_rank[i] = slot_parts(c, t->base + slot * t->slot_bytes, l, want[k]);
+                continue;
+            }
+        }
+        /* Zero-copy: the kernels read the pinned host slot in place. */
+        rc = ensure_registered(c, err);
+        if (rc) return rc;
+        c->by_rank[i] = slot_parts(c, c->arena_dev + (host_slot - a->base), l, want[k]);
+#else
+        (void)a;
+#endif
+    }
+    return 0;
+}
+
+/* y = the layer's experts on x, with the backend in use. */
+static int experts(sl_compute *c, layer_w *w, const sl_moe_route *route, sl_err *err)
+{
+    switch (c->backend) {
+    case SL_BACKEND_REF:
+        return sl_moe_ref_apply(&c->shape, c->experts, &w->moe.shared, route, c->x, c->y, NULL,
+                                err);
+    case SL_BACKEND_CPU:
+        return sl_emu_moe(&c->shape, c->x, route, c->by_rank, &w->moe.shared, c->y, NULL, NULL,
+                          err);
+#ifdef SL_HAVE_CUDA
+    case SL_BACKEND_GPU: {
+        int rc = sl_gpu_moe_routed(c->gpu, c->x_dev, route, c->by_rank, c->y_dev, NULL, err);
+        /* The download waits for the kernels: only then may the pins go back. */
+        if (!rc) rc = sl_gpu_download(c->gpu, c->y, c->y_dev, c->cfg.dim * sizeof(uint16_t), err);
+        return rc;
+    }
+#endif
+    }
+    return sl_err_set(err, SL_EINVAL, "backend %d is not available", c->backend);
+}
+
 static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
 {
     layer_w *w = &c->layers[l];
     uint64_t t0 = sl_now_ns();
     ffn_norm(c, w->ffn_norm);
     sl_moe_route route;
-    int rc = sl_router_route(c->x, &w->moe, &c->shape, c->logits, &route, err);
+    int rc = route_x(c, w, &route, err);
     if (rc) return rc;
     uint64_t t1 = sl_now_ns();
     sl_fetch_pin pins[64];
-    rc = sl_fetch_client_get(c->client, l, route.expert, c->shape.n_used, pins, c->opt.timeout_ms,
-                             err);
-    if (rc) return sl_err_prefix(err, "layer %u", l);
+    uint32_t n_pins = 0;
+    rc = gather(c, l, &route, pins, &n_pins, err);
     uint64_t t2 = sl_now_ns();
-    for (uint32_t i = 0; i < c->shape.n_used; i++) {
-        if (!pins[i].from_fetcher)
-            c->hit_shm++;
-        else if (pins[i].source == SL_PROTO_SRC_HIT)
-            c->hit_fetcher++;
-        else {
-            c->from_disk++;
-            c->read_us += pins[i].read_us;
-        }
-    }
-    bind_experts(c, l, pins, c->shape.n_used);
-    rc = sl_moe_ref_apply(&c->shape, c->experts, &w->moe.shared, &route, c->x, c->y, NULL, err);
-    sl_fetch_client_put(c->client, pins, c->shape.n_used, NULL);
-    if (rc) return rc;
+    if (!rc) rc = experts(c, w, &route, err);
+    if (n_pins) sl_fetch_client_put(c->client, pins, n_pins, NULL);
+#ifdef SL_HAVE_CUDA
+    if (c->t0.n_slot) memset(c->t0.in_use, 0, c->t0.n_slot);
+#endif
+    if (rc) return sl_err_prefix(err, "layer %u", l);
     for (uint32_t i = 0; i < c->cfg.dim; i++)
         c->h[i] = sl_f32_to_bf16(sl_bf16_to_f32(c->h[i]) + sl_bf16_to_f32(c->y[i]));
     uint64_t t3 = sl_now_ns();
@@ -499,16 +830,18 @@ int sl_compute_run(sl_compute *c, sl_err *err)
 void sl_compute_print_summary(sl_compute *c, FILE *out)
 {
     double secs = (double)c->run_ns / 1e9;
-    uint64_t total = c->hit_shm + c->hit_fetcher + c->from_disk;
+    uint64_t total = c->hit_t0 + c->hit_shm + c->hit_fetcher + c->from_disk;
     uint64_t expert_bytes = c->map->part_bytes[0] + c->map->part_bytes[1] + c->map->part_bytes[2];
     double per_step = c->steps_done ? 1.0 / (double)c->steps_done : 0.0;
     fprintf(out,
             "sluice-compute: %" PRIu64 " steps in %.3f s: %.2f tokens/s\n"
-            "  experts: %" PRIu64 " asked; T1 hits %.1f%% (%.1f%% from the shared table, "
-            "%.1f%% by FETCH), misses %.1f%%; %.3f GB read from disk (mean read %.0f us)\n"
+            "  experts: %" PRIu64 " asked; T0 hits %.1f%%, T1 hits %.1f%% (%.1f%% from the "
+            "shared table, %.1f%% by FETCH), misses %.1f%%; %.3f GB read from disk (mean read "
+            "%.0f us)\n"
             "  per step: route %.2f ms, wait %.2f ms, compute %.2f ms; fetcher restarts seen: "
             "%u\n",
             c->steps_done, secs, secs > 0 ? (double)c->steps_done / secs : 0.0, total,
+            total ? 100.0 * (double)c->hit_t0 / (double)total : 0.0,
             total ? 100.0 * (double)(c->hit_shm + c->hit_fetcher) / (double)total : 0.0,
             total ? 100.0 * (double)c->hit_shm / (double)total : 0.0,
             total ? 100.0 * (double)c->hit_fetcher / (double)total : 0.0,

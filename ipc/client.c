@@ -202,6 +202,7 @@ static int handshake(sl_fetch_client *c, sl_err *err)
         if (c->arena && c->welcome.arena_epoch == r.welcome.arena_epoch &&
             !strcmp(c->welcome.arena_name, r.welcome.arena_name))
             return 0;
+        if (c->arena && c->opt.on_unmap) c->opt.on_unmap(c->opt.on_unmap_ctx, c->arena);
         sl_arena_close(&c->arena);
         rc = sl_arena_map(&c->arena, r.welcome.arena_name, r.welcome.fingerprint, err);
         if (rc) return rc;
@@ -248,6 +249,7 @@ void sl_fetch_client_close(sl_fetch_client **pc)
         zmq_close(c->sock);
     }
     if (c->zctx) zmq_ctx_term(c->zctx);
+    if (c->arena && c->opt.on_unmap) c->opt.on_unmap(c->opt.on_unmap_ctx, c->arena);
     sl_arena_close(&c->arena);
     free(c);
     *pc = NULL;

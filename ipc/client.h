@@ -35,6 +35,10 @@ typedef struct sl_fetch_client_options {
     uint32_t connect_ms;   /* how long open/reconnect wait for WELCOME */
     uint32_t heartbeat_ms; /* SL_PROTO_HEARTBEAT_MS by default */
     uint32_t liveness;     /* SL_PROTO_LIVENESS by default */
+    /* Called before an arena the client mapped is unmapped (a fetcher restart gave a
+     * new one): the place to drop GPU registrations of the old mapping. May be NULL. */
+    void (*on_unmap)(void *ctx, sl_arena *old);
+    void *on_unmap_ctx;
 } sl_fetch_client_options;
 
 void sl_fetch_client_options_default(sl_fetch_client_options *o, const char *endpoint);

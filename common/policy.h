@@ -1,5 +1,5 @@
-/* policy.h - the eviction policy of a slot cache (internal to fetcher/, and reused
- * by compute's device tier).
+/* policy.h - the eviction policy of a slot cache: the fetcher's host arena (T1) and
+ * the compute process's device tier (T0) both use it.
  *
  * The policy only orders slots by recency and picks victims; it knows nothing of
  * experts or bytes. Slots that must not be evicted (readers pinned, a read in
