@@ -21,6 +21,7 @@
 #include "moe_emu.h"
 #include "moe_ref.h"
 #include "moe_types.h"
+#include "opts.h"
 #include "policy.h"
 #include "proto.h"
 #include "quant.h"
@@ -108,20 +109,6 @@ void sl_compute_options_default(sl_compute_options *o)
     o->backend = SL_BACKEND_AUTO;
 }
 
-static int parse_u64(const char *flag, const char *s, uint64_t lo, uint64_t hi, uint64_t *out,
-                     sl_err *err)
-{
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s || *end || errno || s[0] == '-' || v < lo || v > hi)
-        return sl_err_set(err, SL_EINVAL,
-                          "%s %s: expected a whole number from %" PRIu64 " to %" PRIu64, flag, s,
-                          lo, hi);
-    *out = v;
-    return 0;
-}
-
 enum opt_id {
     OPT_MODEL,
     OPT_ENDPOINT,
@@ -137,10 +124,7 @@ enum opt_id {
     OPT_HELP
 };
 
-static const struct opt_def {
-    enum opt_id id;
-    const char *shrt, *lng, *arg, *help;
-} opt_table[] = {
+static const sl_opt opt_table[] = {
     {OPT_MODEL, "-m", "--model", "FILE", "checkpoint: any shard of it (required)"},
     {OPT_ENDPOINT, NULL, "--endpoint", "URL", "the fetcher's endpoint (default: the model's)"},
     {OPT_STEPS, "-n", "--steps", "N", "decode steps (default 16)"},
@@ -160,18 +144,10 @@ static const struct opt_def {
 int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *out, sl_err *err)
 {
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const struct opt_def *d = NULL;
-        for (size_t k = 0; k < sizeof opt_table / sizeof opt_table[0]; k++)
-            if ((opt_table[k].shrt && !strcmp(a, opt_table[k].shrt)) ||
-                !strcmp(a, opt_table[k].lng))
-                d = &opt_table[k];
-        if (!d) return sl_err_set(err, SL_EINVAL, "unknown option '%s' (see --help)", a);
-        const char *v = NULL;
-        if (d->arg) {
-            if (i + 1 >= argc) return sl_err_set(err, SL_EINVAL, "%s needs %s", a, d->arg);
-            v = argv[++i];
-        }
+        const char *a = argv[i], *v = NULL;
+        const sl_opt *d =
+            sl_opt_next(opt_table, sizeof opt_table / sizeof opt_table[0], argc, argv, &i, &v, err);
+        if (!d) return SL_EINVAL;
         uint64_t n = 0;
         int rc = 0;
         switch (d->id) {
@@ -182,11 +158,11 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
             o->endpoint = v;
             break;
         case OPT_STEPS:
-            rc = parse_u64(a, v, 1, 1u << 30, &n, err);
+            rc = sl_opt_u64(a, v, 1, 1u << 30, &n, err);
             o->steps = (uint32_t)n;
             break;
         case OPT_SEED:
-            rc = parse_u64(a, v, 0, UINT64_MAX, &o->seed, err);
+            rc = sl_opt_u64(a, v, 0, UINT64_MAX, &o->seed, err);
             break;
         case OPT_OUT:
             o->out_path = v;
@@ -195,7 +171,7 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
             o->trace_path = v;
             break;
         case OPT_TIMEOUT:
-            rc = parse_u64(a, v, 1, 86400000, &n, err);
+            rc = sl_opt_u64(a, v, 1, 86400000, &n, err);
             o->timeout_ms = (uint32_t)n;
             break;
         case OPT_BACKEND:
@@ -209,7 +185,7 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
                 return sl_err_set(err, SL_EINVAL, "--backend %s: expected gpu, cpu or ref", v);
             break;
         case OPT_T0:
-            rc = parse_u64(a, v, 0, 1u << 24, &n, err);
+            rc = sl_opt_u64(a, v, 0, 1u << 24, &n, err);
             o->t0_slots = (uint32_t)n;
             break;
         case OPT_ZERO_COPY:
@@ -219,17 +195,10 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
             o->quiet = 1;
             break;
         case OPT_HELP:
-            fprintf(out,
-                    "usage: sluice-compute -m FIRST_SHARD [options]\n"
-                    "Runs decode steps of the MoE layers, experts served by sluice-fetcher.\n\n"
-                    "options:\n");
-            for (size_t k = 0; k < sizeof opt_table / sizeof opt_table[0]; k++) {
-                const struct opt_def *t = &opt_table[k];
-                char left[64];
-                snprintf(left, sizeof left, "%s%s%s%s%s", t->shrt ? t->shrt : "",
-                         t->shrt ? ", " : "    ", t->lng, t->arg ? " " : "", t->arg ? t->arg : "");
-                fprintf(out, "  %-24s %s\n", left, t->help);
-            }
+            sl_opt_help(out,
+                        "usage: sluice-compute -m FIRST_SHARD [options]\n"
+                        "Runs decode steps of the MoE layers, experts served by sluice-fetcher.\n",
+                        opt_table, sizeof opt_table / sizeof opt_table[0]);
             return 1;
         }
         if (rc) return rc;

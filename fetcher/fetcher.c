@@ -26,6 +26,7 @@
 #include "client.h"
 #include "expert_map.h"
 #include "gguf.h"
+#include "opts.h"
 #include "proto.h"
 #include "reader.h"
 #include "trace.h"
@@ -145,19 +146,6 @@ int sl_parse_size(const char *s, uint64_t *out, sl_err *err)
     return 0;
 }
 
-static int parse_u32(const char *flag, const char *s, uint32_t lo, uint32_t hi, uint32_t *out,
-                     sl_err *err)
-{
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi || s[0] == '-')
-        return sl_err_set(err, SL_EINVAL, "%s %s: expected a whole number from %u to %u", flag, s,
-                          lo, hi);
-    *out = (uint32_t)v;
-    return 0;
-}
-
 enum opt_id {
     OPT_MODEL,
     OPT_ARENA,
@@ -173,10 +161,7 @@ enum opt_id {
     OPT_HELP
 };
 
-static const struct opt_def {
-    enum opt_id id;
-    const char *shrt, *lng, *arg, *help;
-} opt_table[] = {
+static const sl_opt opt_table[] = {
     {OPT_MODEL, "-m", "--model", "FILE",
      "checkpoint: a GGUF or any shard of a split one (required)"},
     {OPT_ARENA, NULL, "--arena", "SIZE",
@@ -194,35 +179,15 @@ static const struct opt_def {
     {OPT_HELP, "-h", "--help", NULL, "this help"},
 };
 
-static void print_help(FILE *out)
-{
-    fprintf(out, "usage: sluice-fetcher -m FIRST_SHARD [options]\n"
-                 "Serves routed experts of a GGUF checkpoint to sluice-compute through a "
-                 "shared-memory arena.\n\noptions:\n");
-    for (size_t i = 0; i < sizeof opt_table / sizeof opt_table[0]; i++) {
-        const struct opt_def *d = &opt_table[i];
-        char left[64];
-        snprintf(left, sizeof left, "%s%s%s%s%s", d->shrt ? d->shrt : "", d->shrt ? ", " : "    ",
-                 d->lng, d->arg ? " " : "", d->arg ? d->arg : "");
-        fprintf(out, "  %-26s %s\n", left, d->help);
-    }
-}
+#define N_OPT (sizeof opt_table / sizeof opt_table[0])
 
 int sl_fetcher_parse_args(sl_fetcher_options *o, int argc, char **argv, FILE *out, sl_err *err)
 {
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const struct opt_def *d = NULL;
-        for (size_t k = 0; k < sizeof opt_table / sizeof opt_table[0]; k++)
-            if ((opt_table[k].shrt && !strcmp(a, opt_table[k].shrt)) ||
-                !strcmp(a, opt_table[k].lng))
-                d = &opt_table[k];
-        if (!d) return sl_err_set(err, SL_EINVAL, "unknown option '%s' (see --help)", a);
-        const char *v = NULL;
-        if (d->arg) {
-            if (i + 1 >= argc) return sl_err_set(err, SL_EINVAL, "%s needs %s", a, d->arg);
-            v = argv[++i];
-        }
+        const char *a = argv[i], *v = NULL;
+        const sl_opt *d = sl_opt_next(opt_table, N_OPT, argc, argv, &i, &v, err);
+        if (!d) return SL_EINVAL;
+        uint64_t n = 0;
         int rc = 0;
         switch (d->id) {
         case OPT_MODEL:
@@ -232,10 +197,12 @@ int sl_fetcher_parse_args(sl_fetcher_options *o, int argc, char **argv, FILE *ou
             rc = sl_parse_size(v, &o->arena_bytes, err);
             break;
         case OPT_SLOTS:
-            rc = parse_u32(a, v, 1, UINT32_MAX - 1, &o->arena_slots, err);
+            rc = sl_opt_u64(a, v, 1, UINT32_MAX - 1, &n, err);
+            o->arena_slots = (uint32_t)n;
             break;
         case OPT_READERS:
-            rc = parse_u32(a, v, 1, 1024, &o->readers, err);
+            rc = sl_opt_u64(a, v, 1, 1024, &n, err);
+            o->readers = (uint32_t)n;
             break;
         case OPT_ENDPOINT:
             o->endpoint = v;
@@ -252,17 +219,18 @@ int sl_fetcher_parse_args(sl_fetcher_options *o, int argc, char **argv, FILE *ou
         case OPT_NO_DIRECT:
             o->direct = 0;
             break;
-        case OPT_SEED: {
-            uint32_t s = 0;
-            rc = parse_u32(a, v, 0, UINT32_MAX, &s, err);
-            o->seed = s;
+        case OPT_SEED:
+            rc = sl_opt_u64(a, v, 0, UINT64_MAX, &o->seed, err);
             break;
-        }
         case OPT_QUIET:
             o->quiet = 1;
             break;
         case OPT_HELP:
-            print_help(out);
+            sl_opt_help(out,
+                        "usage: sluice-fetcher -m FIRST_SHARD [options]\n"
+                        "Serves routed experts of a GGUF checkpoint to sluice-compute through a "
+                        "shared-memory arena.\n",
+                        opt_table, N_OPT);
             return 1;
         }
         if (rc) return rc;
