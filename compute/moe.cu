@@ -16,7 +16,9 @@
 #include "moe_kern.cuh"
 
 /* The bench's winner (bench/results/2026-11-29-moe.md, run 3: down T1 beat T2/T4;
- * prefetch, occupancy and the fused q8_1 of h made no difference to gate/up). */
+ * prefetch, occupancy and the fused q8_1 of h made no difference to gate/up). Run 5's
+ * k_gateup4_q2_k (bit-exact, 31.4 vs 36.9 us from HBM) is not shipped: it reads
+ * mapped host memory at 0.64 of the zero-copy ceiling against 0.96 here. */
 #define GU_NW   8    /* warps per CTA, gate/up */
 #define GU_PF   true /* prefetch the next row pair */
 #define GU_MINB 1    /* __launch_bounds__ min CTAs per SM, gate/up */

@@ -119,8 +119,10 @@ __device__ __forceinline__ int k_q8_lane(float v, float *d)
 }
 
 /* The activation x (bf16) quantized into shared memory by the whole CTA: codes aq[n],
- * scales ad[n/32], sums of 16 codes as[n/16]. */
-template <int NW>
+ * scales ad[n/32], sums of 16 codes as[n/16]. PAD (k_gateup4_q2_k's layout): 16
+ * bytes after every 128 codes and 4 ints after every 32 sums, so that the 8 lanes of
+ * a row, which read 8 different blocks/halves, hit 8 different bank quads. */
+template <int NW, bool PAD = false>
 __device__ __forceinline__ void k_quant_x(const uint16_t *__restrict__ x, uint32_t n, int8_t *aq,
                                           float *ad, int *as)
 {
@@ -140,11 +142,11 @@ __device__ __forceinline__ void k_quant_x(const uint16_t *__restrict__ x, uint32
             if (b >= nblk) break; /* uniform across the warp */
             float d;
             const int q = k_q8_lane(v[k], &d);
-            aq[32 * b + lane] = (int8_t)q;
+            aq[32 * b + lane + (PAD ? 16 * (b / 4) : 0)] = (int8_t)q;
             int sum = q;
 #pragma unroll
             for (int off = 8; off >= 1; off >>= 1) sum += __shfl_xor_sync(~0u, sum, off);
-            if ((lane & 15) == 0) as[2 * b + (lane >> 4)] = sum;
+            if ((lane & 15) == 0) as[2 * b + (lane >> 4) + (PAD ? 4 * (b / 16) : 0)] = sum;
             if (lane == 0) ad[b] = d;
         }
     }
@@ -351,6 +353,179 @@ __global__ void __launch_bounds__(NW * 32, MINB)
         g = k_butterfly(g, 16);
         v = k_butterfly(v, 16);
         k_swiglu_out(g, v, tab.e[e].w, limit, e, r, inter, s, FUSEQ, lane);
+    }
+}
+
+/* ---- gate/up, 4 rows per warp (bench run 5: 31.4 us from HBM vs 36.9, but 0.64 of
+ * the zero-copy ceiling vs 0.96, so compute/moe.cu still ships k_gateup_q2_k) ----
+ *
+ * A lane decodes one half (128 values, 8 qs words) of a Q2_K block with all four
+ * 2-bit shifts, so each qs word feeds 4 groups and is read once. The f32 order is
+ * still sl_emu_dot_q2_k's: lane n = j + 2m of a row's 8 lanes holds the accumulators
+ * of the 32-lane mapping's lanes 4j + s + 8m (s = 0..3: group 4j + s of blocks
+ * b = m, m + 4, ... in increasing b), and the butterfly's steps are done in the same
+ * tree: xor 16, 8, 4 of the old lanes across lanes (xor 4, 2, 1 here), then xor 2
+ * and 1 inside the lane: (a0 + a2) + (a1 + a3). */
+
+/* cp.async of one 16-byte chunk global -> shared (L2 only: weights are read once). */
+__device__ __forceinline__ void k_cp16(void *dst, const void *src)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void k_cp_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void k_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Queues the copy of the aligned chunks covering [p, p + bytes) to dst (one warp). */
+__device__ __forceinline__ void k_span_async(int4 *dst, const uint8_t *p, uint32_t bytes, int lane)
+{
+    const int4 *src;
+    const int cnt = k_span(p, bytes, &src);
+    for (int k = lane; k < cnt; k += 32) k_cp16(dst + k, src + k);
+}
+
+/* Chunks of a span of two Q2_K rows (any 4-byte aligned start). */
+__host__ __device__ inline uint32_t k_gu4_cap(uint32_t dim)
+{
+    return (2 * (dim / 256 * 84) + 12 + 15) / 16;
+}
+
+/* Bytes of k_gateup4_q2_k's padded quantized x, rounded up to 16. */
+__host__ __device__ inline uint32_t k_gu4_xbytes(uint32_t dim)
+{
+    return (dim + dim / 8 + dim / 32 * 4 + (dim / 16 + dim / 128) * 4 + 15) / 16 * 16;
+}
+
+/* int -> f32, exact for |i| < 2^22 (the group sums: |isum| < 2^19), without the
+ * quarter-rate I2F: 1.5 * 2^23 + i has ulp 1, so both steps are exact. */
+__device__ __forceinline__ float k_i2f(int i)
+{
+    return __fsub_rn(__int_as_float(0x4B400000 + i), 12582912.0f);
+}
+
+/* The four accumulators (groups 4j + s, s = 0..3) of lane (j, m) of one Q2_K row
+ * (row 4-byte aligned in shared memory); see the section comment. */
+__device__ __forceinline__ void k_dot4_q2_k(const uint8_t *row, const int8_t *aq, const float *ad,
+                                            const int *as, uint32_t nb, int j, int m,
+                                            float (&acc)[4])
+{
+#pragma unroll
+    for (int s = 0; s < 4; s++) acc[s] = 0.0f;
+    for (uint32_t b = m; b < nb; b += 4) {
+        const uint8_t *blk = row + 84 * b;
+        const uint32_t *qw = (const uint32_t *)(blk + 16 + 32 * j);
+        uint32_t w[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = qw[i];
+        const uint32_t scw[2] = {((const uint32_t *)(blk + 8 * j))[0],
+                                 ((const uint32_t *)(blk + 8 * j))[1]};
+        const uint32_t dd = *(const uint32_t *)(blk + 80);
+        const float d = __half2float(__ushort_as_half((unsigned short)(dd & 0xffffu)));
+        const float dmin = __half2float(__ushort_as_half((unsigned short)(dd >> 16)));
+        const int *asb = as + 16 * b + 8 * j + 4 * (b >> 1); /* padded (k_quant_x) */
+        const int4 sa = *(const int4 *)asb, sb = *(const int4 *)(asb + 4);
+        const int s16[8] = {sa.x, sa.y, sa.z, sa.w, sb.x, sb.y, sb.z, sb.w};
+        const float4 d8v = *(const float4 *)(ad + 8 * b + 4 * j);
+        const float d8[4] = {d8v.x, d8v.y, d8v.z, d8v.w};
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            const int4 *aw = (const int4 *)(aq + 288 * b + 144 * j + 32 * s); /* padded */
+            const int4 a0 = aw[0], a1 = aw[1];
+            int c0 = 0, c1 = 0;
+            c0 = __dp4a((int)((w[0] >> (2 * s)) & 0x03030303u), a0.x, c0);
+            c0 = __dp4a((int)((w[1] >> (2 * s)) & 0x03030303u), a0.y, c0);
+            c0 = __dp4a((int)((w[2] >> (2 * s)) & 0x03030303u), a0.z, c0);
+            c0 = __dp4a((int)((w[3] >> (2 * s)) & 0x03030303u), a0.w, c0);
+            c1 = __dp4a((int)((w[4] >> (2 * s)) & 0x03030303u), a1.x, c1);
+            c1 = __dp4a((int)((w[5] >> (2 * s)) & 0x03030303u), a1.y, c1);
+            c1 = __dp4a((int)((w[6] >> (2 * s)) & 0x03030303u), a1.z, c1);
+            c1 = __dp4a((int)((w[7] >> (2 * s)) & 0x03030303u), a1.w, c1);
+            const uint32_t sc = scw[s >> 1] >> (16 * (s & 1));
+            const int isum = (int)(sc & 15) * c0 + (int)((sc >> 8) & 15) * c1;
+            const int imin =
+                (int)((sc >> 4) & 15) * s16[2 * s] + (int)((sc >> 12) & 15) * s16[2 * s + 1];
+            /* sl_emu_q2_k_step with the exact fast conversion */
+            const float p = sl_emu_mul(d, k_i2f(isum));
+            const float v = sl_emu_fma(-dmin, k_i2f(imin), p);
+            acc[s] = sl_emu_fma(d8[s], v, acc[s]);
+        }
+    }
+}
+
+/* The 32-lane butterfly of sl_emu_dot_q2_k over the 8 lanes of a row holding 4
+ * accumulators each (lane n = j + 2m); every lane of the 8 ends with the sum. */
+__device__ __forceinline__ float k_comb4(float (&a)[4])
+{
+#pragma unroll
+    for (int off = 4; off >= 1; off >>= 1)
+#pragma unroll
+        for (int s = 0; s < 4; s++) a[s] = sl_emu_add(a[s], __shfl_xor_sync(~0u, a[s], off));
+    return sl_emu_add(sl_emu_add(a[0], a[2]), sl_emu_add(a[1], a[3]));
+}
+
+/* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (k_quant_h
+ * follows). One warp step = rows r, r + 1 of gate and up of one expert (8 lanes a
+ * row: lanes 0-7 gate r, 8-15 up r, 16-23 gate r+1, 24-31 up r+1), staged with
+ * cp.async in ST per-warp stages (ST - 1 steps in flight while one computes); the x
+ * quantization overlaps the first loads. Persistent: warps stride over n*inter/2. */
+template <int NW, int ST, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB)
+    k_gateup4_q2_k(const __grid_constant__ sl_ktab tab, const uint16_t *__restrict__ x,
+                   uint32_t dim, uint32_t inter, float limit, const __grid_constant__ sl_kscratch s)
+{
+    extern __shared__ int4 k_smem[];
+    int8_t *aq = (int8_t *)k_smem;             /* [dim + dim/8] padded codes */
+    float *ad = (float *)(aq + dim + dim / 8); /* [dim/32] */
+    int *as = (int *)(ad + dim / 32);          /* [dim/16 + dim/128] padded sums */
+    int4 *stage = k_smem + k_gu4_xbytes(dim) / 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t rb = dim / 256 * 84, nb = dim / 256, cap = k_gu4_cap(dim);
+    int4 *ws = stage + (size_t)warp * ST * 2 * cap;
+    const uint32_t half = inter / 2, units = (uint32_t)tab.n * half, stride = gridDim.x * NW;
+    const uint32_t u0 = blockIdx.x * NW + warp;
+
+    /* queues the two 2-row spans of unit u into stage st (an empty group past the end) */
+    auto issue = [&](uint32_t u, int st) {
+        if (u < units) {
+            const uint32_t e = u / half, r = 2 * (u % half);
+            int4 *dst = ws + (size_t)st * 2 * cap;
+            k_span_async(dst, tab.e[e].gate + (size_t)r * rb, 2 * rb, lane);
+            k_span_async(dst + cap, tab.e[e].up + (size_t)r * rb, 2 * rb, lane);
+        }
+        k_cp_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < ST - 1; i++) issue(u0 + i * stride, i);
+    k_quant_x<NW, true>(x, dim, aq, ad, as);
+    __syncthreads();
+
+    const int t = lane >> 3, n = lane & 7;
+    int st = 0;
+    for (uint32_t u = u0; u < units; u += stride) {
+        issue(u + (ST - 1) * stride, st == 0 ? ST - 1 : st - 1);
+        k_cp_wait<ST - 1>();
+        __syncwarp();
+        const uint32_t e = u / half, r = 2 * (u % half);
+        const uint8_t *src = (t & 1) ? tab.e[e].up : tab.e[e].gate;
+        src += (size_t)r * rb;
+        const uint8_t *row = (const uint8_t *)(ws + (size_t)st * 2 * cap + (t & 1) * cap) +
+                             ((uintptr_t)src & 15) + (t >> 1) * rb;
+        float a[4];
+        k_dot4_q2_k(row, aq, ad, as, nb, n & 1, n >> 1, a);
+        const float v = k_comb4(a);
+        const float o = __shfl_xor_sync(~0u, v, 8); /* gate lanes get their up */
+        if ((lane & 15) == 0)
+            s.h[(size_t)e * inter + r + (lane >> 4)] = sl_emu_swiglu(v, o, tab.e[e].w, limit);
+        __syncwarp();
+        st = st + 1 == ST ? 0 : st + 1;
     }
 }
 
@@ -573,6 +748,10 @@ __global__ void k_quant_q8_1(const uint16_t *__restrict__ x, uint32_t n, sl_bloc
 }
 
 /* Dynamic shared memory of the two quantized kernels. */
+inline size_t k_gateup4_smem(uint32_t dim, int nw, int st)
+{
+    return k_gu4_xbytes(dim) + (size_t)nw * st * 2 * k_gu4_cap(dim) * 16;
+}
 inline size_t k_gateup_smem(uint32_t dim, int nw, int maxv)
 {
     return dim + dim / 32 * 4 + dim / 16 * 4 + (size_t)nw * (2 * maxv * 32 + 2) * 16;

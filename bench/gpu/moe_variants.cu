@@ -1,8 +1,9 @@
 /* moe_variants.cu - the sandbox of bench/gpu/moe: read-ceiling kernel and the MoE
- * kernel variants (instantiations of compute/moe_kern.cuh with other warps per CTA and
- * prefetch settings, fused or separate q8_1 of h, down tiles per CTA), each timed with CUDA events
+ * kernel variants (instantiations of compute/moe_kern.cuh: gate/up with 4 rows per warp
+ * and cp.async stages or the run-4 one row pair per warp, warps per CTA, prefetch,
+ * fused or separate q8_1 of h, down tiles per CTA), each timed with CUDA events
  * on rotating expert sets so that L2 never holds the weights. Variant 0 is the configuration
- * compute/moe.cu ships.
+ * compute/moe.cu ships; variant 1 is run 5's fastest gate/up.
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -68,6 +69,7 @@ extern "C" int mb_read_ceiling(const void *buf, size_t bytes, int iters, double 
 
 struct variant {
     const char *name;
+    int gu4_st; /* > 0: k_gateup4_q2_k (4 rows per warp, cp.async) with this many stages */
     int gu_nw, gu_minb;
     bool gu_pf, fuseq; /* fuseq: q8_1 of h fused in gate/up (fence + atomic per row) */
     int down; /* 1: persistent k_down_q3_k (4 warps, prefetch); k_down2_q3_k with T = 2: 2, 3: 1, 4:
@@ -75,12 +77,13 @@ struct variant {
 };
 
 static const variant variants[] = {
-    {"gu8pf + quant_h + down2 T1 (compute)", 8, 1, true, false, 3},
-    {"gu8pf + quant_h + down2 T2", 8, 1, true, false, 2},
-    {"gu8pf + quant_h + down2 T4", 8, 1, true, false, 4},
-    {"gu8pf minb4 + quant_h + down2 T2", 8, 4, true, false, 2},
-    {"gu8pf fused-q + down2 T2", 8, 1, true, true, 2},
-    {"gu8pf fused-q + down persistent (run 1)", 8, 1, true, true, 1},
+    {"gu8pf + quant_h + down2 T1 (compute)", 0, 8, 1, true, false, 3},
+    {"gu4p NW8 ST2 + quant_h + down2 T1 (run 5)", 2, 8, 1, true, false, 3},
+    {"gu4p NW4 ST2 + quant_h + down2 T1", 2, 4, 1, true, false, 3},
+    {"gu4p NW4 ST3 + quant_h + down2 T1", 3, 4, 1, true, false, 3},
+    {"gu4p NW2 ST2 + quant_h + down2 T1", 2, 2, 1, true, false, 3},
+    {"gu8pf + quant_h + down2 T2", 0, 8, 1, true, false, 2},
+    {"gu8pf fused-q + down2 T2", 0, 8, 1, true, true, 2},
 };
 
 extern "C" int mb_variant_count(void)
@@ -115,6 +118,31 @@ static cudaError_t gu_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
         <<<grid, NW * 32, smem>>>(tab, io->x, io->dim, io->inter, 10.0f, s);
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess || FQ) return rc;
+    const uint32_t groups = (uint32_t)tab.n * io->inter / 32;
+    k_quant_h<<<(groups + 7) / 8, 256>>>(s, groups);
+    return cudaGetLastError();
+}
+
+template <int NW, int ST>
+static cudaError_t gu4_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm)
+{
+    const size_t smem = k_gateup4_smem(io->dim, NW, ST);
+    static int occ = 0; /* bench only: set once per instantiation */
+    if (!occ) {
+        cudaError_t rc = cudaFuncSetAttribute(
+            k_gateup4_q2_k<NW, ST, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+        if (rc == cudaSuccess)
+            rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_gateup4_q2_k<NW, ST, 1>,
+                                                               NW * 32, smem);
+        if (rc != cudaSuccess) return rc;
+        printf("  [gate/up4 NW %d ST %d: %d CTAs/SM, smem %zu]\n", NW, ST, occ, smem);
+    }
+    const uint32_t units = (uint32_t)tab.n * io->inter / 2;
+    uint32_t grid = (units + NW - 1) / NW;
+    if (grid > (uint32_t)(occ * n_sm)) grid = (uint32_t)(occ * n_sm);
+    k_gateup4_q2_k<NW, ST, 1><<<grid, NW * 32, smem>>>(tab, io->x, io->dim, io->inter, 10.0f, s);
+    cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess) return rc;
     const uint32_t groups = (uint32_t)tab.n * io->inter / 32;
     k_quant_h<<<(groups + 7) / 8, 256>>>(s, groups);
     return cudaGetLastError();
@@ -171,7 +199,15 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
     const variant &V = variants[v];
     cudaError_t rc = cudaSuccess;
     if (which != 2) {
-        if (V.gu_minb == 4)
+        if (V.gu4_st == 3)
+            rc = gu4_launch<4, 3>(io, tab, s, n_sm);
+        else if (V.gu4_st == 2 && V.gu_nw == 2)
+            rc = gu4_launch<2, 2>(io, tab, s, n_sm);
+        else if (V.gu4_st == 2 && V.gu_nw == 8)
+            rc = gu4_launch<8, 2>(io, tab, s, n_sm);
+        else if (V.gu4_st == 2)
+            rc = gu4_launch<4, 2>(io, tab, s, n_sm);
+        else if (V.gu_minb == 4)
             rc = gu_launch<8, true, false, 4>(io, tab, s, n_sm);
         else if (!V.gu_pf)
             rc = gu_launch<8, false, false, 1>(io, tab, s, n_sm);
