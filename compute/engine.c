@@ -507,6 +507,13 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
 #endif
     rc = sl_fetch_client_open(&c->client, &co, err);
     if (rc) goto fail;
+#ifdef SL_HAVE_CUDA
+    /* Pinning a large arena for the GPU takes seconds: do it before the first step. */
+    if (c->backend == SL_BACKEND_GPU) {
+        rc = ensure_registered(c, err);
+        if (rc) goto fail;
+    }
+#endif
     const sl_proto_welcome *w = sl_fetch_client_welcome(c->client);
     if (w->n_layer != m->n_layer || w->n_expert != m->n_expert) {
         rc = sl_err_set(err, SL_EMISMATCH,

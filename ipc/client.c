@@ -101,6 +101,9 @@ static int recv_any(sl_fetch_client *c, sl_proto_msg *out, uint32_t timeout_ms, 
     uint64_t entered = sl_now_ns();
     uint64_t deadline = entered + (uint64_t)timeout_ms * 1000000ull;
     uint64_t hb = (uint64_t)c->opt.heartbeat_ms * 1000000ull;
+    /* Silence counts only while we wait and ping: a client busy elsewhere for seconds
+     * (a long GPU call) must not take the fetcher for dead on its next request. */
+    if (c->last_rx_ns < entered) c->last_rx_ns = entered;
     for (;;) {
         uint64_t now = sl_now_ns();
         if (now - c->last_rx_ns > hb * c->opt.liveness)
