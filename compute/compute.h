@@ -40,6 +40,9 @@ typedef struct sl_compute_options {
     int backend;            /* enum sl_compute_backend (--backend) */
     uint32_t t0_slots;      /* --t0-slots: device expert slots (GPU); 0 = read T1 in place */
     int zero_copy;          /* --zero-copy: no T0 even on a discrete GPU */
+    int prefetch;           /* --prefetch: the next layer's router on this layer's input
+                               predicts its experts, PREFETCHed at low priority (off by
+                               default until it is measured to win) */
     int quiet;              /* -q: no banner, no per-run summary */
 } sl_compute_options;
 

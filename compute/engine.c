@@ -88,6 +88,10 @@ struct sl_compute {
     t0_tier t0;
 #endif
     uint64_t hit_t0;
+    /* prefetch: predicted experts of the next layer, and how the guesses fared */
+    uint32_t predicted[64];
+    uint32_t n_predicted;
+    uint64_t pf_sent, pf_useful, pf_misses_covered, misses_total;
     sl_trace *trace;
     FILE *out;
     /* counters */
@@ -120,6 +124,7 @@ enum opt_id {
     OPT_BACKEND,
     OPT_T0,
     OPT_ZERO_COPY,
+    OPT_PREFETCH,
     OPT_QUIET,
     OPT_HELP
 };
@@ -137,6 +142,8 @@ static const sl_opt opt_table[] = {
     {OPT_T0, NULL, "--t0-slots", "N",
      "device expert slots (GPU); 0 = read the host arena in place"},
     {OPT_ZERO_COPY, NULL, "--zero-copy", NULL, "no device tier: kernels read the host arena"},
+    {OPT_PREFETCH, NULL, "--prefetch", NULL,
+     "predict the next layer's experts with its router on this layer's input and prefetch them"},
     {OPT_QUIET, "-q", "--quiet", NULL, "no banner and no summary"},
     {OPT_HELP, "-h", "--help", NULL, "this help"},
 };
@@ -190,6 +197,9 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
             break;
         case OPT_ZERO_COPY:
             o->zero_copy = 1;
+            break;
+        case OPT_PREFETCH:
+            o->prefetch = 1;
             break;
         case OPT_QUIET:
             o->quiet = 1;
@@ -755,6 +765,59 @@ static int experts(sl_compute *c, layer_w *w, const sl_moe_route *route, sl_err 
     return sl_err_set(err, SL_EINVAL, "backend %d is not available", c->backend);
 }
 
+/* Prefetch (DESIGN.md step 5): the next layer's router applied to this layer's input
+ * x predicts the next layer's picks; those not resident in the host arena are hinted
+ * to the fetcher at low priority. The guesses are kept to score them next layer. */
+static int predict_next(sl_compute *c, uint32_t l, sl_err *err)
+{
+    c->n_predicted = 0;
+    if (!c->opt.prefetch || l + 1 >= c->cfg.n_layer) return 0;
+    layer_w *next = &c->layers[l + 1];
+    int rc;
+#ifdef SL_HAVE_CUDA
+    if (c->backend == SL_BACKEND_GPU)
+        rc = sl_gpu_router_logits(c->gpu, c->x_dev, next->router_dev, c->logits, err);
+    else
+#endif
+        rc = sl_router_logits(c->x, next->router, c->cfg.n_expert, c->cfg.dim, c->shape.gate_temp,
+                              c->logits, err);
+    sl_moe_route guess;
+    if (!rc) rc = sl_router_select(c->logits, next->bias, &c->shape, &guess, err);
+    if (rc) return rc;
+    sl_arena *a = sl_fetch_client_arena(c->client);
+    uint32_t hint[64], n = 0;
+    for (uint32_t i = 0; i < c->shape.n_used; i++) {
+        uint64_t e = atomic_load_explicit(
+            &a->table[(uint64_t)(l + 1) * c->cfg.n_expert + guess.expert[i]], memory_order_acquire);
+        if (!e) hint[n++] = c->predicted[c->n_predicted++] = guess.expert[i];
+    }
+    c->pf_sent += n;
+    /* A hint the fetcher cannot take is no error: the demand will come anyway. */
+    if (n) sl_fetch_client_prefetch(c->client, l + 1, hint, n, NULL);
+    return 0;
+}
+
+/* Scores the previous layer's hints against this layer's picks. A would-be miss is a
+ * pick that was not resident when the hints went out: either it was hinted (caught,
+ * whether its read had finished or not) or it was read from disk unhinted. */
+static void score_prediction(sl_compute *c, const sl_moe_route *route, const sl_fetch_pin *pins,
+                             uint32_t n_pins)
+{
+    uint32_t caught = 0;
+    for (uint32_t i = 0; i < c->n_predicted; i++)
+        for (uint32_t k = 0; k < c->shape.n_used; k++)
+            caught += route->expert[k] == c->predicted[i];
+    uint32_t unhinted_reads = 0;
+    for (uint32_t k = 0; k < n_pins; k++) {
+        int hinted = 0;
+        for (uint32_t i = 0; i < c->n_predicted; i++) hinted |= c->predicted[i] == pins[k].expert;
+        unhinted_reads += !hinted && pins[k].source == SL_PROTO_SRC_DISK;
+    }
+    c->pf_useful += caught;
+    c->pf_misses_covered += caught;
+    c->misses_total += caught + unhinted_reads;
+}
+
 static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
 {
     layer_w *w = &c->layers[l];
@@ -767,6 +830,10 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     sl_fetch_pin pins[64];
     uint32_t n_pins = 0;
     rc = gather(c, l, &route, pins, &n_pins, err);
+    if (!rc && c->opt.prefetch) {
+        score_prediction(c, &route, pins, n_pins);
+        rc = predict_next(c, l, err);
+    }
     uint64_t t2 = sl_now_ns();
     if (!rc) rc = experts(c, w, &route, err);
     if (n_pins) sl_fetch_client_put(c->client, pins, n_pins, NULL);
@@ -826,4 +893,12 @@ void sl_compute_print_summary(sl_compute *c, FILE *out)
             c->from_disk ? (double)c->read_us / (double)c->from_disk : 0.0,
             (double)c->t.route_ns / 1e6 * per_step, (double)c->t.wait_ns / 1e6 * per_step,
             (double)c->t.compute_ns / 1e6 * per_step, sl_fetch_client_reconnects(c->client));
+    if (c->opt.prefetch)
+        fprintf(out,
+                "  prefetch: %" PRIu64 " hints, %" PRIu64 " useful; covered %.1f%% of the next "
+                "layers' misses, %.2f wasted reads per useful one\n",
+                c->pf_sent, c->pf_useful,
+                c->misses_total ? 100.0 * (double)c->pf_misses_covered / (double)c->misses_total
+                                : 0.0,
+                c->pf_useful ? (double)(c->pf_sent - c->pf_useful) / (double)c->pf_useful : 0.0);
 }

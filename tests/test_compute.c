@@ -276,3 +276,36 @@ Test(compute, front_end_runs_both_processes_and_merges_their_traces, .timeout = 
               "every run ends with a summary: %s", buf);
     rig_close(&r);
 }
+
+Test(compute, prefetch_changes_no_byte, .timeout = 120)
+{
+    rig r = {0};
+    rig_open(&r, 8);
+    char ref[200], out[200];
+    reference(&r, ref, sizeof ref);
+    start_fetcher(&r, "40");
+    snprintf(out, sizeof out, "%s/prefetch.bin", r.dir);
+    const char *argv[] = {SL_BIN_DIR "/sluice-compute",
+                          "-m",
+                          r.model,
+                          "--endpoint",
+                          r.endpoint,
+                          "-n",
+                          STEPS,
+                          "--seed",
+                          "5",
+                          "-o",
+                          out,
+                          "--prefetch",
+                          NULL};
+    cr_assert_eq(wait_exit(spawn(r.log, argv), 120), 0);
+    same_bytes(out, ref, "with prefetch", r.log);
+    FILE *f = fopen(r.log, "r");
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    cr_assert(strstr(buf, "prefetch:") && strstr(buf, "wasted reads per useful one"),
+              "the summary reports coverage and waste: %s", buf);
+    rig_close(&r);
+}
