@@ -565,6 +565,18 @@ static void drop_client(sl_fetcher *f, int ci, const char *why)
 
 static int add_client(sl_fetcher *f, const uint8_t *id, size_t len, const sl_proto_hello *h)
 {
+    /* A full table gives up its stalest client if that one has been silent past the
+     * heartbeat liveness (a connection its owner replaced). */
+    int stalest = -1;
+    for (int i = 0; i < SL_FETCHER_MAX_CLIENTS; i++)
+        if (f->clients[i].used &&
+            (stalest < 0 || f->clients[i].last_ns < f->clients[stalest].last_ns))
+            stalest = i;
+    int full = 1;
+    for (int i = 0; i < SL_FETCHER_MAX_CLIENTS; i++) full &= f->clients[i].used;
+    uint64_t liveness_ns = (uint64_t)SL_PROTO_HEARTBEAT_MS * SL_PROTO_LIVENESS * 1000000ull;
+    if (full && stalest >= 0 && sl_now_ns() - f->clients[stalest].last_ns > liveness_ns)
+        drop_client(f, stalest, "was replaced (table full, silent)");
     for (int i = 0; i < SL_FETCHER_MAX_CLIENTS; i++) {
         client *c = &f->clients[i];
         if (c->used) continue;

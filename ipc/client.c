@@ -172,6 +172,7 @@ static int handshake(sl_fetch_client *c, sl_err *err)
     uint64_t deadline = sl_now_ns() + (uint64_t)c->opt.connect_ms * 1000000ull;
     int rc = open_socket(c, err);
     if (rc) return rc;
+    uint32_t attempts = 0;
     for (;;) {
         if (sl_now_ns() >= deadline)
             return sl_err_set(err, SL_EPEER, "no fetcher answered at %s within %u ms", c->endpoint,
@@ -191,10 +192,14 @@ static int handshake(sl_fetch_client *c, sl_err *err)
         sl_proto_msg r;
         rc = recv_any(c, &r, 500, NULL);
         if (rc) {
-            /* Nothing came back: the HELLO may have gone to a dying peer. Start over on a
-             * fresh socket so no stale connection lingers. */
-            rc = open_socket(c, err);
-            if (rc) return rc;
+            /* Nothing came back yet (a fetcher still starting, or a loaded machine): say
+             * HELLO again on the same socket. A new socket per attempt would leave the
+             * fetcher one forgotten client per attempt. */
+            if (++attempts % 8 == 0) {
+                /* Long silence: maybe a connection to a peer that died. Start afresh. */
+                rc = open_socket(c, err);
+                if (rc) return rc;
+            }
             continue;
         }
         if (r.type == SL_PROTO_ERROR)

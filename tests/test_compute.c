@@ -121,12 +121,11 @@ static void rig_close(rig *r)
     cr_assert_eq(system(cmd), 0);
 }
 
-static void same_bytes(const char *a, const char *b, const char *what, const char *log)
+/* The last lines of the processes' log, for failure messages. */
+static const char *log_tail(const char *log)
 {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
-    int rc = system(cmd);
-    char tail[2048] = "";
+    static char tail[2048];
+    tail[0] = '\0';
     FILE *f = fopen(log, "r");
     if (f) {
         fseek(f, 0, SEEK_END);
@@ -136,7 +135,15 @@ static void same_bytes(const char *a, const char *b, const char *what, const cha
         tail[got] = '\0';
         fclose(f);
     }
-    cr_assert_eq(rc, 0, "%s: outputs differ from the uninterrupted run\n%s", what, tail);
+    return tail;
+}
+
+static void same_bytes(const char *a, const char *b, const char *what, const char *log)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
+    int rc = system(cmd);
+    cr_assert_eq(rc, 0, "%s: outputs differ from the uninterrupted run\n%s", what, log_tail(log));
     struct stat st;
     cr_assert_eq(stat(a, &st), 0);
     cr_assert_eq(st.st_size, 64 * 256 * 2, "64 steps of 256 bf16 values");
@@ -147,7 +154,8 @@ static void reference(rig *r, char *ref, size_t cap)
 {
     snprintf(ref, cap, "%s/ref.bin", r->dir);
     start_fetcher(r, "96");
-    cr_assert_eq(wait_exit(start_compute(r, ref), 120), 0, "reference run failed");
+    int code = wait_exit(start_compute(r, ref), 120);
+    cr_assert_eq(code, 0, "reference run failed (%d):\n%s", code, log_tail(r->log));
     kill_fetcher(r, SIGTERM);
 }
 
@@ -168,7 +176,8 @@ static void restart_trials(uint64_t seed, int trials)
         kill_fetcher(&r, SIGKILL);
         start_fetcher(&r, "40");
         int code = wait_exit(c, 120);
-        cr_assert_eq(code, 0, "trial %d: sluice-compute exited with %d", t, code);
+        cr_assert_eq(code, 0, "trial %d: sluice-compute exited with %d:\n%s", t, code,
+                     log_tail(r.log));
         char what[64];
         snprintf(what, sizeof what, "restart trial %d", t);
         same_bytes(out, ref, what, r.log);
