@@ -656,10 +656,11 @@ static int route_x(sl_compute *c, layer_w *w, sl_moe_route *route, sl_err *err)
 #ifdef SL_HAVE_CUDA
     if (c->backend == SL_BACKEND_GPU) {
         int rc = sl_gpu_upload(c->gpu, c->x_dev, c->x, c->cfg.dim * sizeof(uint16_t), err);
+        /* The shared expert needs no routing: it runs on the side stream while the
+         * router's logits come back and the picks are gathered. */
+        if (!rc) rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
         if (!rc) rc = sl_gpu_router_logits(c->gpu, c->x_dev, w->router_dev, c->logits, err);
         if (!rc) rc = sl_router_select(c->logits, w->bias, &c->shape, route, err);
-        /* The shared expert does not wait for the routing: side stream, now. */
-        if (!rc) rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
         return rc;
     }
 #endif
