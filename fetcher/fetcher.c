@@ -967,8 +967,9 @@ void sl_fetcher_print_stats(sl_fetcher *f, FILE *out)
     uint64_t reads = c->misses + c->prefetch_reads;
     uint64_t asked = c->hits + c->misses;
     fprintf(out,
-            "sluice-fetcher stats after %.1f s: %" PRIu64 " hits, %" PRIu64
-            " demand misses (hit rate %.1f%%), %" PRIu64 " prefetch reads, %" PRIu64
+            "sluice-fetcher stats after %.1f s: %" PRIu64 " FETCH hits, %" PRIu64
+            " demand misses (%.1f%% of FETCHed experts hit; hits taken from the shared table "
+            "never reach the fetcher), %" PRIu64 " prefetch reads, %" PRIu64
             " prefetches dropped, %" PRIu64 " read errors, %" PRIu64 " bad frames\n",
             up, c->hits, c->misses, asked ? 100.0 * (double)c->hits / (double)asked : 0.0,
             c->prefetch_reads, c->prefetch_dropped, c->read_errors, c->bad_frames);
