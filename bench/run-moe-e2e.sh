@@ -2,7 +2,8 @@
 # run-moe-e2e.sh - the compute process's GPU path end to end on a bench-L4 checkpoint
 # generated where it runs: one fetcher holding every expert, then sluice-compute runs
 # (cold from disk with kernels reading T1 in place, warm T1 zero-copy, warm with a
-# device tier T0 of all or half the experts). Prints each run's summary.
+# device tier T0 of all or half the experts, with the router's picks or synthetic
+# uniform / Zipf popularity). Prints each run's summary, extrapolated to 40 layers.
 # usage: bench/run-moe-e2e.sh BUILD_DIR [CHECKPOINT_DIR] [STEPS]
 set -eu
 build=$1
@@ -26,5 +27,7 @@ run "cold start (every expert read from disk once), GPU reads T1 in place" --bac
 run "warm, all experts in T1, GPU reads T1 in place (zero-copy)" --backend gpu
 run "warm T1, device tier T0 of 1536 slots (all experts)" --backend gpu --t0-slots 1536
 run "warm T1, device tier T0 of 768 slots (half the experts)" --backend gpu --t0-slots 768
+run "warm T1, T0 of 768 slots, Zipf(1.0) routing" --backend gpu --t0-slots 768 --routing zipf:1.0
+run "warm T1, T0 of 768 slots, uniform routing" --backend gpu --t0-slots 768 --routing uniform
 kill $fpid
 wait $fpid 2>/dev/null || true

@@ -29,6 +29,17 @@ enum sl_compute_backend {
     SL_BACKEND_GPU = 3,  /* the CUDA kernels (compute/gpu.h) */
 };
 
+/* Who picks the experts. The router always runs (its cost is part of a step); the
+ * synthetic modes replace its picks so that benchmarks control the popularity of
+ * experts, which random synthetic weights do not. Weights are then route_scale /
+ * n_used each. */
+enum sl_compute_routing {
+    SL_ROUTING_ROUTER = 0,  /* the model's router (default) */
+    SL_ROUTING_UNIFORM = 1, /* n_used distinct experts drawn uniformly */
+    SL_ROUTING_ZIPF = 2,    /* expert of popularity rank r drawn with weight 1/(r+1)^s, the
+                               ranking a fixed random permutation per layer */
+};
+
 typedef struct sl_compute_options {
     const char *model;      /* -m: any shard of the checkpoint */
     const char *endpoint;   /* --endpoint; NULL = the model's default ipc endpoint */
@@ -40,6 +51,8 @@ typedef struct sl_compute_options {
     int backend;            /* enum sl_compute_backend (--backend) */
     uint32_t t0_slots;      /* --t0-slots: device expert slots (GPU); 0 = read T1 in place */
     int zero_copy;          /* --zero-copy: no T0 even on a discrete GPU */
+    int routing;            /* --routing: enum sl_compute_routing */
+    float zipf_s;           /* --routing zipf:S exponent (default 1.0) */
     int prefetch;           /* --prefetch: the next layer's router on this layer's input
                                predicts its experts, PREFETCHed at low priority (off by
                                default until it is measured to win) */

@@ -88,6 +88,9 @@ struct sl_compute {
     t0_tier t0;
 #endif
     uint64_t hit_t0;
+    double *zipf_cdf;    /* [n_expert] cumulative popularity of rank r (synthetic routing) */
+    uint32_t *zipf_perm; /* [n_layer][n_expert] expert of rank r in layer l */
+    uint64_t step;       /* the step being run */
     /* prefetch: predicted experts of the next layer, and how the guesses fared */
     uint32_t predicted[64];
     uint32_t n_predicted;
@@ -101,6 +104,8 @@ struct sl_compute {
     stage_times t;
     uint64_t run_ns;
 };
+
+static int synthetic_routing_init(sl_compute *c, sl_err *err);
 
 /* ---------------------------------------------------------------- options */
 
@@ -125,6 +130,7 @@ enum opt_id {
     OPT_T0,
     OPT_ZERO_COPY,
     OPT_PREFETCH,
+    OPT_ROUTING,
     OPT_QUIET,
     OPT_HELP
 };
@@ -142,6 +148,8 @@ static const sl_opt opt_table[] = {
     {OPT_T0, NULL, "--t0-slots", "N",
      "device expert slots (GPU); 0 = read the host arena in place"},
     {OPT_ZERO_COPY, NULL, "--zero-copy", NULL, "no device tier: kernels read the host arena"},
+    {OPT_ROUTING, NULL, "--routing", "MODE",
+     "router (default), uniform, or zipf[:S]: synthetic picks for benchmarks"},
     {OPT_PREFETCH, NULL, "--prefetch", NULL,
      "predict the next layer's experts with its router on this layer's input and prefetch them"},
     {OPT_QUIET, "-q", "--quiet", NULL, "no banner and no summary"},
@@ -197,6 +205,25 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
             break;
         case OPT_ZERO_COPY:
             o->zero_copy = 1;
+            break;
+        case OPT_ROUTING:
+            if (!strcmp(v, "router")) {
+                o->routing = SL_ROUTING_ROUTER;
+            } else if (!strcmp(v, "uniform")) {
+                o->routing = SL_ROUTING_UNIFORM;
+            } else if (!strncmp(v, "zipf", 4) && (v[4] == '\0' || v[4] == ':')) {
+                o->routing = SL_ROUTING_ZIPF;
+                o->zipf_s = 1.0f;
+                if (v[4] == ':') {
+                    char *end = NULL;
+                    o->zipf_s = strtof(v + 5, &end);
+                    if (end == v + 5 || *end || !(o->zipf_s > 0.0f) || o->zipf_s > 8.0f)
+                        return sl_err_set(err, SL_EINVAL, "--routing %s: S must be in (0, 8]", v);
+                }
+            } else {
+                return sl_err_set(err, SL_EINVAL,
+                                  "--routing %s: expected router, uniform or zipf[:S]", v);
+            }
             break;
         case OPT_PREFETCH:
             o->prefetch = 1;
@@ -440,6 +467,7 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
         goto fail;
     }
     rc = load_layers(c, err);
+    if (!rc && o->routing != SL_ROUTING_ROUTER) rc = synthetic_routing_init(c, err);
     if (rc) goto fail;
     char name[SL_MODEL_TENSOR_NAME_MAX];
     sl_model_tensor_name(name, sizeof name, SL_MODEL_TENSOR_TOKEN_EMBD, 0);
@@ -589,6 +617,8 @@ void sl_compute_close(sl_compute **pc)
     free(c->x);
     free(c->y);
     free(c->experts);
+    free(c->zipf_cdf);
+    free(c->zipf_perm);
     sl_expert_map_free(&c->map);
     sl_gguf_close(&c->gguf);
     free(c);
@@ -646,6 +676,60 @@ static void bind_experts(sl_compute *c, uint32_t layer, const sl_fetch_pin *pins
             part[p] = slot + a->hdr->part_offset[p] + s->offset % a->hdr->align;
         }
         c->experts[pins[i].expert] = (sl_moe_expert_w){part[0], part[1], part[2]};
+    }
+}
+
+/* Tables of the synthetic routings: popularity by rank (uniform is Zipf with s = 0)
+ * and a fixed random ranking of the experts of each layer. */
+static int synthetic_routing_init(sl_compute *c, sl_err *err)
+{
+    uint32_t n = c->cfg.n_expert;
+    c->zipf_cdf = malloc(sizeof(double) * n);
+    c->zipf_perm = malloc(sizeof(uint32_t) * n * c->cfg.n_layer);
+    if (!c->zipf_cdf || !c->zipf_perm) return sl_err_set(err, SL_ENOMEM, "out of memory");
+    double s = c->opt.routing == SL_ROUTING_ZIPF ? c->opt.zipf_s : 0.0, sum = 0.0;
+    for (uint32_t r = 0; r < n; r++) c->zipf_cdf[r] = sum += pow((double)r + 1.0, -s);
+    for (uint32_t r = 0; r < n; r++) c->zipf_cdf[r] /= sum;
+    for (uint32_t l = 0; l < c->cfg.n_layer; l++) {
+        uint32_t *p = c->zipf_perm + (uint64_t)l * n;
+        uint64_t state = c->opt.seed * 0x9e3779b97f4a7c15ull + l;
+        for (uint32_t r = 0; r < n; r++) p[r] = r;
+        for (uint32_t r = n - 1; r > 0; r--) {
+            state = splitmix64(state);
+            uint32_t k = (uint32_t)(state % (r + 1));
+            uint32_t t = p[r];
+            p[r] = p[k];
+            p[k] = t;
+        }
+    }
+    return 0;
+}
+
+/* Replaces the router's picks with n_used distinct experts drawn from the synthetic
+ * popularity, deterministically from (seed, step, layer). */
+static void synthetic_route(sl_compute *c, uint32_t l, sl_moe_route *route)
+{
+    uint32_t n = c->cfg.n_expert, used = c->shape.n_used;
+    uint64_t state = splitmix64(c->opt.seed ^ (c->step * 0x100000001b3ull) ^ ((uint64_t)l << 48));
+    memset(route, 0, sizeof *route);
+    for (uint32_t i = 0; i < used;) {
+        state = splitmix64(state);
+        double u = (double)(state >> 11) / 9007199254740992.0;
+        uint32_t lo = 0, hi = n - 1;
+        while (lo < hi) {
+            uint32_t mid = (lo + hi) / 2;
+            if (c->zipf_cdf[mid] > u)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        uint32_t e = c->zipf_perm[(uint64_t)l * n + lo];
+        int dup = 0;
+        for (uint32_t k = 0; k < i; k++) dup |= route->expert[k] == e;
+        if (dup) continue;
+        route->expert[i] = e;
+        route->weight[i] = c->shape.route_scale / (float)used;
+        i++;
     }
 }
 
@@ -827,6 +911,7 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     sl_moe_route route;
     int rc = route_x(c, w, &route, err);
     if (rc) return rc;
+    if (c->opt.routing != SL_ROUTING_ROUTER) synthetic_route(c, l, &route);
     uint64_t t1 = sl_now_ns();
     sl_fetch_pin pins[64];
     uint32_t n_pins = 0;
@@ -858,6 +943,7 @@ int sl_compute_run(sl_compute *c, sl_err *err)
 {
     uint64_t start = sl_now_ns();
     for (uint64_t s = 0; s < c->opt.steps; s++) {
+        c->step = s;
         int rc = embed(c, s, err);
         for (uint32_t l = 0; l < c->cfg.n_layer && !rc; l++) rc = layer_step(c, l, err);
         if (rc) return sl_err_prefix(err, "step %" PRIu64, s);
@@ -894,6 +980,13 @@ void sl_compute_print_summary(sl_compute *c, FILE *out)
             c->from_disk ? (double)c->read_us / (double)c->from_disk : 0.0,
             (double)c->t.route_ns / 1e6 * per_step, (double)c->t.wait_ns / 1e6 * per_step,
             (double)c->t.compute_ns / 1e6 * per_step, sl_fetch_client_reconnects(c->client));
+    /* The real model has 40 layers: what a step would cost there at this per-layer time. */
+    if (c->steps_done && c->cfg.n_layer < 40) {
+        double layer_ms = (double)(c->t.route_ns + c->t.wait_ns + c->t.compute_ns) / 1e6 *
+                          per_step / (double)c->cfg.n_layer;
+        fprintf(out, "  extrapolated to 40 layers: %.2f ms per token, %.2f tokens/s\n",
+                layer_ms * 40.0, layer_ms > 0 ? 1000.0 / (layer_ms * 40.0) : 0.0);
+    }
     if (c->opt.prefetch)
         fprintf(out,
                 "  prefetch: %" PRIu64 " hints, %" PRIu64 " useful; covered %.1f%% of the next "

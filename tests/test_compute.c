@@ -318,3 +318,38 @@ Test(compute, prefetch_changes_no_byte, .timeout = 120)
               "the summary reports coverage and waste: %s", buf);
     rig_close(&r);
 }
+
+Test(compute, synthetic_routing_is_deterministic_across_arena_sizes, .timeout = 120)
+{
+    rig r = {0};
+    rig_open(&r, 9);
+    char a[200], b[200];
+    snprintf(a, sizeof a, "%s/zipf40.bin", r.dir);
+    snprintf(b, sizeof b, "%s/zipf96.bin", r.dir);
+    const char *slots[2] = {"40", "96"};
+    const char *outs[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        start_fetcher(&r, slots[i]);
+        const char *argv[] = {SL_BIN_DIR "/sluice-compute",
+                              "-m",
+                              r.model,
+                              "--endpoint",
+                              r.endpoint,
+                              "-n",
+                              "16",
+                              "--routing",
+                              "zipf:1.2",
+                              "-o",
+                              outs[i],
+                              NULL};
+        cr_assert_eq(wait_exit(spawn(r.log, argv), 120), 0, "%s", log_tail(r.log));
+        kill_fetcher(&r, SIGTERM);
+    }
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
+    cr_assert_eq(system(cmd), 0, "zipf routing must not depend on the arena size");
+    const char *bad[] = {SL_BIN_DIR "/sluice-compute", "-m", r.model, "--routing", "zipf:-1", NULL};
+    cr_assert_eq(wait_exit(spawn(r.log, bad), 30), 2);
+    cr_assert(strstr(log_tail(r.log), "--routing zipf:-1"), "%s", log_tail(r.log));
+    rig_close(&r);
+}
