@@ -769,6 +769,14 @@ static void pack_2bit(const uint8_t *L, uint8_t qs[SL_QK_K / 4])
                 (uint8_t)(L[j + l] | L[j + l + 32] << 2 | L[j + l + 64] << 4 | L[j + l + 96] << 6);
 }
 
+/* Codes of n values against a sub-block's final (scale d, min dm): the nearest level
+ * of (x + dm) / d, clamped to [0, nmax] (Q2_K and Q4_K, once their scales are
+ * quantized). */
+static void codes_against(const float *x, int n, float d, float dm, int nmax, uint8_t *L)
+{
+    for (int i = 0; i < n; i++) L[i] = (uint8_t)clampi(round_q((x[i] + dm) / d), 0, nmax);
+}
+
 /* Q2_K: 16 sub-blocks of 16 fitted by fit_scale_min (nmax 3, |x| weights, absolute
  * error, 16 trial scales from (2.5 + 0.1*is)/(max - min)); their scales and mins are
  * quantized to 4 bits against the largest of each, and every code is then chosen
@@ -807,8 +815,7 @@ static void encode_q2_k(const float *x, uint8_t *p, uint64_t nb)
             const float d = h2f(b.d) * (b.scales[j] & 0xF);
             if (!d) continue;
             const float dm = h2f(b.dmin) * (b.scales[j] >> 4);
-            for (int ii = 0; ii < 16; ii++)
-                L[16 * j + ii] = (uint8_t)clampi(round_q((x[16 * j + ii] + dm) / d), 0, 3);
+            codes_against(x + 16 * j, 16, d, dm, 3, L + 16 * j);
         }
         pack_2bit(L, b.qs);
         memcpy(p, &b, sizeof b);
@@ -916,8 +923,7 @@ static void encode_q4_k(const float *x, uint8_t *p, uint64_t nb)
             const float d = h2f(b.d) * sc;
             if (!d) continue;
             const float dm = h2f(b.dmin) * m;
-            for (int ii = 0; ii < 32; ii++)
-                L[32 * j + ii] = (uint8_t)clampi(round_q((x[32 * j + ii] + dm) / d), 0, 15);
+            codes_against(x + 32 * j, 32, d, dm, 15, L + 32 * j);
         }
         for (int j = 0; j < SL_QK_K; j += 64)
             for (int l = 0; l < 32; l++) b.qs[j / 2 + l] = (uint8_t)(L[j + l] | L[j + l + 32] << 4);
