@@ -25,6 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "affinity.h"
 #include "client.h"
 #include "expert_map.h"
 #include "gguf.h"
@@ -37,7 +38,8 @@ typedef struct bench_opts {
     uint32_t ceiling_reads; /* expert windows read for the ceiling */
     uint32_t rtt_samples;
     const char *fetcher_bin;
-    const char *out; /* markdown file, or NULL */
+    const char *out;             /* markdown file, or NULL */
+    int pin_fetcher, pin_client; /* --pin A,B: CPUs of the pinned hit round trips */
 } bench_opts;
 
 static void die(const char *what, const sl_err *e)
@@ -117,19 +119,31 @@ static double measure_ceiling(const sl_gguf *g, const sl_expert_map *m, uint32_t
 
 /* ---- the fetcher process ---- */
 
-static pid_t start_fetcher(const bench_opts *o, const char *endpoint, uint32_t slots)
+/* Starts sluice-fetcher; cpu >= 0 pins its serving and I/O threads (--cpu). */
+static pid_t start_fetcher(const bench_opts *o, const char *endpoint, uint32_t slots, int cpu)
 {
-    char slots_s[16], readers_s[16];
+    char slots_s[16], readers_s[16], cpu_s[16];
     snprintf(slots_s, sizeof slots_s, "%u", slots);
     snprintf(readers_s, sizeof readers_s, "%u", o->readers);
+    snprintf(cpu_s, sizeof cpu_s, "%d", cpu);
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execl(o->fetcher_bin, o->fetcher_bin, "-m", o->model, "--endpoint", endpoint,
-              "--arena-slots", slots_s, "--readers", readers_s, (char *)NULL);
+        if (cpu >= 0)
+            execl(o->fetcher_bin, o->fetcher_bin, "-m", o->model, "--endpoint", endpoint,
+                  "--arena-slots", slots_s, "--readers", readers_s, "--cpu", cpu_s, (char *)NULL);
+        else
+            execl(o->fetcher_bin, o->fetcher_bin, "-m", o->model, "--endpoint", endpoint,
+                  "--arena-slots", slots_s, "--readers", readers_s, (char *)NULL);
         _exit(127);
     }
     return pid;
+}
+
+static void stop_fetcher(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
 }
 
 /* Sends a demand FETCH of one expert with request id req. */
@@ -156,9 +170,86 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Hit round trips and the socket floor under them, in us. */
+typedef struct hit_rtt {
+    double p50, p99, max;
+    double ping50; /* PING->PONG p50 through the same sockets and loop */
+} hit_rtt;
+
+static void send_release(sl_fetch_client *c, uint64_t epoch, uint32_t slot, uint32_t generation)
+{
+    sl_proto_msg rel;
+    memset(&rel, 0, sizeof rel);
+    rel.type = SL_PROTO_RELEASE;
+    rel.release.arena_epoch = epoch;
+    rel.release.n_slot = 1;
+    rel.release.slot[0].slot = slot;
+    rel.release.slot[0].generation = generation;
+    uint8_t frame[SL_PROTO_FRAME_MAX];
+    size_t len;
+    sl_err err = {0};
+    if (sl_proto_encode(&rel, frame, sizeof frame, &len, &err)) die("encode RELEASE", &err);
+    sl_fetch_client_send_raw(c, frame, len, &err);
+}
+
+/* FETCH -> READY (hit) -> RELEASE of the resident experts first .. first + n - 1 in
+ * turn, one at a time, then PING -> PONG: samples of each. */
+static hit_rtt measure_hits(sl_fetch_client *c, const sl_expert_map *m, uint32_t first, uint32_t n,
+                            uint32_t samples, uint64_t *req)
+{
+    sl_err err = {0};
+    uint64_t epoch = sl_fetch_client_welcome(c)->arena_epoch;
+    uint64_t *rtt = calloc(samples, sizeof *rtt), *ping = calloc(samples, sizeof *ping);
+    if (!rtt || !ping) die("out of memory", NULL);
+    for (uint32_t k = 0; k < samples; k++) {
+        uint32_t i = first + k % n;
+        uint64_t a = sl_now_ns();
+        send_fetch(c, (*req)++, i / m->n_expert, i % m->n_expert);
+        sl_proto_msg r;
+        do {
+            if (sl_fetch_client_recv(c, &r, 5000, &err)) die("waiting for hit", &err);
+        } while (r.type != SL_PROTO_READY);
+        rtt[k] = sl_now_ns() - a;
+        if (r.ready.source != SL_PROTO_SRC_HIT) {
+            fprintf(stderr, "bench-fetch: expected a hit, got a disk read\n");
+            exit(1);
+        }
+        send_release(c, epoch, r.ready.slot, r.ready.generation);
+    }
+    for (uint32_t k = 0; k < samples; k++)
+        if (sl_fetch_client_ping(c, &ping[k], 5000, &err)) die("PING", &err);
+    qsort(rtt, samples, sizeof *rtt, cmp_u64);
+    qsort(ping, samples, sizeof *ping, cmp_u64);
+    hit_rtt h = {.p50 = (double)rtt[samples / 2] / 1e3,
+                 .p99 = (double)rtt[(uint64_t)samples * 99 / 100] / 1e3,
+                 .max = (double)rtt[samples - 1] / 1e3,
+                 .ping50 = (double)ping[samples / 2] / 1e3};
+    free(rtt);
+    free(ping);
+    return h;
+}
+
+/* Reads experts first .. first + n - 1 into a fresh fetcher's arena (misses). */
+static void warm(sl_fetch_client *c, const sl_expert_map *m, uint32_t first, uint32_t n,
+                 uint64_t *req)
+{
+    sl_err err = {0};
+    uint64_t epoch = sl_fetch_client_welcome(c)->arena_epoch;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t i = first + k;
+        send_fetch(c, (*req)++, i / m->n_expert, i % m->n_expert);
+        sl_proto_msg r;
+        do {
+            if (sl_fetch_client_recv(c, &r, 60000, &err)) die("warming", &err);
+            if (r.type == SL_PROTO_ERROR) die(r.error.text, NULL);
+        } while (r.type != SL_PROTO_READY);
+        send_release(c, epoch, r.ready.slot, r.ready.generation);
+    }
+}
+
 int main(int argc, char **argv)
 {
-    bench_opts o = {.readers = 16, .ceiling_reads = 0, .rtt_samples = 20000};
+    bench_opts o = {.readers = 16, .rtt_samples = 20000, .pin_fetcher = -1, .pin_client = -1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc)
             o.model = argv[++i];
@@ -168,11 +259,16 @@ int main(int argc, char **argv)
             o.rtt_samples = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--out") && i + 1 < argc)
             o.out = argv[++i];
+        else if (!strcmp(argv[i], "--pin") && i + 1 < argc &&
+                 sscanf(argv[++i], "%d,%d", &o.pin_fetcher, &o.pin_client) == 2)
+            ;
         else {
             fprintf(stderr,
-                    "usage: bench-fetch -m FIRST_SHARD [--readers N] [--samples N] [--out FILE]\n"
+                    "usage: bench-fetch -m FIRST_SHARD [--readers N] [--samples N] [--pin A,B] "
+                    "[--out FILE]\n"
                     "Measures cold expert reads through sluice-fetcher against the raw O_DIRECT\n"
-                    "ceiling of the same disk, and the FETCH->READY round trip of hits.\n");
+                    "ceiling of the same disk, and the FETCH->READY round trip of hits; with\n"
+                    "--pin, again with the fetcher on CPU A and this client on CPU B.\n");
             return 2;
         }
     }
@@ -211,7 +307,7 @@ int main(int argc, char **argv)
     if (!mkdtemp(dir)) die("mkdtemp", NULL);
     snprintf(endpoint, sizeof endpoint, "ipc://%s/f.sock", dir);
     uint32_t slots = n_all - half + 8;
-    pid_t pid = start_fetcher(&o, endpoint, slots);
+    pid_t pid = start_fetcher(&o, endpoint, slots, -1);
     sl_fetch_client_options co;
     sl_fetch_client_options_default(&co, endpoint);
     co.connect_ms = 120000; /* locking a large arena takes a while */
@@ -260,46 +356,32 @@ int main(int argc, char **argv)
     printf("fetcher: cold reads of %u experts: %.3f GB/s (%.2fx the ceiling)\n", n_all - half,
            cold / 1e9, cold / ceiling);
 
-    /* 3. hit round trips: one resident expert, FETCH -> READY (hit) -> RELEASE. */
-    uint64_t *rtt = calloc(o.rtt_samples, sizeof *rtt);
-    for (uint32_t k = 0; k < o.rtt_samples; k++) {
-        uint32_t i = half + (k % (n_all - half));
-        uint64_t a = sl_now_ns();
-        send_fetch(c, req++, i / m->n_expert, i % m->n_expert);
-        sl_proto_msg r;
-        do {
-            if (sl_fetch_client_recv(c, &r, 5000, &err)) die("waiting for hit", &err);
-        } while (r.type != SL_PROTO_READY);
-        rtt[k] = sl_now_ns() - a;
-        if (r.ready.source != SL_PROTO_SRC_HIT) {
-            fprintf(stderr, "bench-fetch: expected a hit, got a disk read\n");
-            return 1;
-        }
-        rel.release.n_slot = 1;
-        rel.release.slot[0].slot = r.ready.slot;
-        rel.release.slot[0].generation = r.ready.generation;
-        if (sl_proto_encode(&rel, frame, sizeof frame, &len, &err)) die("encode", &err);
-        sl_fetch_client_send_raw(c, frame, len, &err);
-    }
-    qsort(rtt, o.rtt_samples, sizeof *rtt, cmp_u64);
-
-    /* The floor under that: PING -> PONG through the same sockets and loop, with no
-     * cache work at all (ZeroMQ ipc plus both processes' wake-ups). */
-    uint64_t *ping = calloc(o.rtt_samples, sizeof *ping);
-    for (uint32_t k = 0; k < o.rtt_samples; k++)
-        if (sl_fetch_client_ping(c, &ping[k], 5000, &err)) die("PING", &err);
-    qsort(ping, o.rtt_samples, sizeof *ping, cmp_u64);
-    double ping50 = (double)ping[o.rtt_samples / 2] / 1e3;
-    double p50 = (double)rtt[o.rtt_samples / 2] / 1e3;
-    double p99 = (double)rtt[(uint64_t)o.rtt_samples * 99 / 100] / 1e3;
-    double mx = (double)rtt[o.rtt_samples - 1] / 1e3;
-    printf("hit round trip FETCH->READY on ipc://, %u samples: p50 %.1f us, p99 %.1f us, max %.1f "
-           "us\n",
-           o.rtt_samples, p50, p99, mx);
-
+    /* 3. hit round trips, nothing pinned (the scheduler places every thread). */
+    hit_rtt free_rtt = measure_hits(c, m, half, n_all - half, o.rtt_samples, &req);
+    printf("hit round trip FETCH->READY on ipc://, %u samples, unpinned: p50 %.1f us, p99 %.1f "
+           "us, max %.1f us; PING floor p50 %.1f us\n",
+           o.rtt_samples, free_rtt.p50, free_rtt.p99, free_rtt.max, free_rtt.ping50);
     sl_fetch_client_close(&c);
-    kill(pid, SIGTERM);
-    waitpid(pid, NULL, 0);
+    stop_fetcher(pid);
+
+    /* 4. the same with each process's serving thread and ZeroMQ I/O thread on one CPU
+     * (--cpu): a hop then wakes a thread on a CPU that is running, not a halted one. */
+    hit_rtt pin_rtt = {0};
+    int pinned = o.pin_fetcher >= 0 && o.pin_client >= 0;
+    if (pinned) {
+        enum { N_WARM = 64 };
+        pid = start_fetcher(&o, endpoint, N_WARM + 8, o.pin_fetcher);
+        if (sl_affinity_pin_self(o.pin_client, &err)) die("--pin", &err);
+        co.io_cpu = o.pin_client;
+        if (sl_fetch_client_open(&c, &co, &err)) die("connect to the pinned fetcher", &err);
+        warm(c, m, half, N_WARM, &req);
+        pin_rtt = measure_hits(c, m, half, N_WARM, o.rtt_samples, &req);
+        printf("hit round trip FETCH->READY on ipc://, fetcher on CPU %d, client on CPU %d: p50 "
+               "%.1f us, p99 %.1f us, max %.1f us; PING floor p50 %.1f us\n",
+               o.pin_fetcher, o.pin_client, pin_rtt.p50, pin_rtt.p99, pin_rtt.max, pin_rtt.ping50);
+        sl_fetch_client_close(&c);
+        stop_fetcher(pid);
+    }
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) {
@@ -315,22 +397,37 @@ int main(int argc, char **argv)
                 "| cold expert reads via fetcher (%u readers) | %.3f GB/s | %.3f GB/s raw "
                 "O_DIRECT pread, %u threads | %.2fx (target >= 0.9x) |\n",
                 o.readers, cold / 1e9, ceiling / 1e9, o.readers, cold / ceiling);
-        fprintf(f, "| hit FETCH->READY p50 | %.1f us | target <= 30 us | %.2fx the target |\n", p50,
-                p50 / 30.0);
-        fprintf(f, "| hit FETCH->READY p99 / max | %.1f / %.1f us | | |\n", p99, mx);
         fprintf(f,
-                "| floor: PING->PONG p50, same sockets and loop | %.1f us | | hit RTT is %.2fx "
-                "the floor |\n",
-                ping50, p50 / ping50);
+                "| hit FETCH->READY p50, unpinned | %.1f us | target <= 30 us | %.2fx the "
+                "target |\n",
+                free_rtt.p50, free_rtt.p50 / 30.0);
+        fprintf(f, "| hit FETCH->READY p99 / max, unpinned | %.1f / %.1f us | | |\n", free_rtt.p99,
+                free_rtt.max);
+        fprintf(f,
+                "| floor: PING->PONG p50, same sockets and loop, unpinned | %.1f us | | hit RTT "
+                "is %.2fx the floor |\n",
+                free_rtt.ping50, free_rtt.p50 / free_rtt.ping50);
+        if (pinned) {
+            fprintf(f,
+                    "| hit FETCH->READY p50, fetcher `--cpu %d`, client `--cpu %d` | %.1f us | "
+                    "target <= 30 us | %.2fx the target |\n",
+                    o.pin_fetcher, o.pin_client, pin_rtt.p50, pin_rtt.p50 / 30.0);
+            fprintf(f, "| hit FETCH->READY p99 / max, pinned | %.1f / %.1f us | | |\n", pin_rtt.p99,
+                    pin_rtt.max);
+            fprintf(f,
+                    "| floor: PING->PONG p50, pinned | %.1f us | | hit RTT is %.2fx the floor "
+                    "|\n",
+                    pin_rtt.ping50, pin_rtt.p50 / pin_rtt.ping50);
+        }
         fprintf(f,
                 "| fetcher counters after the cold pass | %" PRIu64 " misses, %.2f GB read | | |\n",
                 st.misses, (double)st.bytes_read / 1e9);
-        fprintf(f, "\ncommand: `bench-fetch -m %s --readers %u --samples %u`\n", o.model, o.readers,
+        fprintf(f, "\ncommand: `bench-fetch -m %s --readers %u --samples %u", o.model, o.readers,
                 o.rtt_samples);
+        if (pinned) fprintf(f, " --pin %d,%d", o.pin_fetcher, o.pin_client);
+        fprintf(f, "`\n");
     }
     if (out) fclose(out);
-    free(rtt);
-    free(ping);
     sl_expert_map_free(&m);
     sl_gguf_close(&g);
     return 0;

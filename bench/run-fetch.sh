@@ -1,6 +1,7 @@
 #!/bin/sh
 # run-fetch.sh - bench/fetch on a bench-L4 checkpoint generated where it runs.
-# usage: bench/run-fetch.sh BUILD_DIR OUT_FILE [CHECKPOINT_DIR]
+# usage: [PIN=A,B] bench/run-fetch.sh BUILD_DIR OUT_FILE [CHECKPOINT_DIR]
+# PIN: the CPUs of the pinned hit round trips (fetcher, client), default 2,4.
 set -eu
 build=$1
 out=$2
@@ -10,4 +11,4 @@ if ! ls "$dir"/sluice-bench-L4-00001-of-*.gguf >/dev/null 2>&1; then
 fi
 first=$(ls "$dir"/sluice-bench-L4-00001-of-*.gguf)
 "$build/bin/sluice-gguf" verify "$first"
-"$build/bin/bench-fetch" -m "$first" --readers 16 --samples 20000 --out "$out"
+"$build/bin/bench-fetch" -m "$first" --readers 16 --samples 20000 --pin "${PIN:-2,4}" --out "$out"

@@ -56,6 +56,8 @@ typedef struct sl_compute_options {
     int prefetch;           /* --prefetch: the next layer's router on this layer's input
                                predicts its experts, PREFETCHed at low priority (off by
                                default until it is measured to win) */
+    int cpu;                /* --cpu N: pin the driving thread and the fetch client's ZeroMQ
+                               I/O thread to CPU N (SL_CPU_ANY = no pinning) */
     int quiet;              /* -q: no banner, no per-run summary */
 } sl_compute_options;
 

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "affinity.h"
 #include "arena.h"
 #include "client.h"
 #include "expert_map.h"
@@ -116,6 +117,7 @@ void sl_compute_options_default(sl_compute_options *o)
     o->seed = 1;
     o->timeout_ms = 60000;
     o->backend = SL_BACKEND_AUTO;
+    o->cpu = SL_CPU_ANY;
 }
 
 enum opt_id {
@@ -131,6 +133,7 @@ enum opt_id {
     OPT_ZERO_COPY,
     OPT_PREFETCH,
     OPT_ROUTING,
+    OPT_CPU,
     OPT_QUIET,
     OPT_HELP
 };
@@ -152,6 +155,8 @@ static const sl_opt opt_table[] = {
      "router (default), uniform, or zipf[:S]: synthetic picks for benchmarks"},
     {OPT_PREFETCH, NULL, "--prefetch", NULL,
      "predict the next layer's experts with its router on this layer's input and prefetch them"},
+    {OPT_CPU, NULL, "--cpu", "N",
+     "pin the decode thread and its ZeroMQ I/O thread to CPU N (lower message latency)"},
     {OPT_QUIET, "-q", "--quiet", NULL, "no banner and no summary"},
     {OPT_HELP, "-h", "--help", NULL, "this help"},
 };
@@ -227,6 +232,11 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
             break;
         case OPT_PREFETCH:
             o->prefetch = 1;
+            break;
+        case OPT_CPU:
+            rc = sl_opt_u64(a, v, 0, 65535, &n, err);
+            if (!rc) rc = sl_affinity_check((int)n, err);
+            o->cpu = (int)n;
             break;
         case OPT_QUIET:
             o->quiet = 1;
@@ -539,6 +549,7 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
     sl_fetch_client_options_default(&co, c->endpoint);
     co.fingerprint = c->gguf->fingerprint;
     co.connect_ms = o->timeout_ms;
+    co.io_cpu = o->cpu;
 #ifdef SL_HAVE_CUDA
     co.on_unmap = unregister_arena;
     co.on_unmap_ctx = c;
@@ -578,6 +589,9 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
 #endif
         fprintf(stderr, "\n");
     }
+    /* Last, so that the threads CUDA and the readers of the trace start are not pinned. */
+    rc = sl_affinity_pin_self(o->cpu, err);
+    if (rc) goto fail;
     *out = c;
     return 0;
 fail:

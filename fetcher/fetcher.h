@@ -40,6 +40,8 @@ typedef struct sl_fetcher_options {
     int direct;                 /* O_DIRECT reads (--no-direct clears) */
     uint64_t seed;              /* --seed: the eviction policy's random picks */
     int quiet;                  /* --quiet: no start-up banner */
+    int cpu;                    /* --cpu N: pin the serving thread and ZeroMQ's I/O thread
+                                   to CPU N (SL_CPU_ANY = no pinning); readers stay free */
 } sl_fetcher_options;
 
 void sl_fetcher_options_default(sl_fetcher_options *o);

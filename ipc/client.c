@@ -8,6 +8,7 @@
 #include "client.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +68,7 @@ void sl_fetch_client_options_default(sl_fetch_client_options *o, const char *end
     o->connect_ms = 10000;
     o->heartbeat_ms = SL_PROTO_HEARTBEAT_MS;
     o->liveness = SL_PROTO_LIVENESS;
+    o->io_cpu = SL_CPU_ANY;
 }
 
 static int send_msg(sl_fetch_client *c, const sl_proto_msg *m, sl_err *err)
@@ -122,6 +124,9 @@ static int recv_any(sl_fetch_client *c, sl_proto_msg *out, uint32_t timeout_ms, 
             if (zmq_errno() == EINTR) continue;
             return sl_err_set(err, SL_EIO, "zmq_poll: %s", zmq_strerror(zmq_errno()));
         }
+        /* While spinning, let a thread that shares this CPU (ZeroMQ's I/O thread when
+         * pinned with --cpu) run at once instead of at the end of our time slice. */
+        if (n == 0 && wait_ms == 0) sched_yield();
         if (n == 0) continue;
         int len = zmq_recv(c->sock, c->frame, sizeof c->frame, ZMQ_DONTWAIT);
         if (len < 0) continue;
@@ -236,7 +241,15 @@ int sl_fetch_client_open(sl_fetch_client **out, const sl_fetch_client_options *o
     sl_strlcpy(c->endpoint, o->endpoint, sizeof c->endpoint);
     c->opt.endpoint = c->endpoint;
     c->zctx = zmq_ctx_new();
-    int rc = c->zctx ? handshake(c, err) : sl_err_set(err, SL_EIO, "zmq_ctx_new failed");
+    int rc = c->zctx ? 0 : sl_err_set(err, SL_EIO, "zmq_ctx_new failed");
+    /* Before the first socket, which starts the I/O thread. */
+    if (!rc && o->io_cpu != SL_CPU_ANY) {
+        rc = sl_affinity_check(o->io_cpu, err);
+        if (!rc && zmq_ctx_set(c->zctx, ZMQ_THREAD_AFFINITY_CPU_ADD, o->io_cpu) != 0)
+            rc = sl_err_set(err, SL_EIO, "zmq_ctx_set(ZMQ_THREAD_AFFINITY_CPU_ADD, %d): %s",
+                            o->io_cpu, zmq_strerror(zmq_errno()));
+    }
+    if (!rc) rc = handshake(c, err);
     if (rc) {
         sl_fetch_client_close(&c);
         return rc;
@@ -468,7 +481,9 @@ int sl_fetch_client_ping(sl_fetch_client *c, uint64_t *rtt_ns, uint32_t timeout_
     while (sl_now_ns() < deadline) {
         int n;
         zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
-        n = zmq_poll(&it, 1, sl_now_ns() - m.ping.sent_ns < SL_CLIENT_SPIN_NS ? 0 : 10);
+        int spin = sl_now_ns() - m.ping.sent_ns < SL_CLIENT_SPIN_NS;
+        n = zmq_poll(&it, 1, spin ? 0 : 10);
+        if (n == 0 && spin) sched_yield();
         if (n <= 0) continue;
         int len = zmq_recv(c->sock, c->frame, sizeof c->frame, ZMQ_DONTWAIT);
         if (len < 0) continue;

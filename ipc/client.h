@@ -16,6 +16,7 @@
 
 #include <stdint.h>
 
+#include "affinity.h"
 #include "arena.h"
 #include "err.h"
 #include "proto.h"
@@ -35,6 +36,8 @@ typedef struct sl_fetch_client_options {
     uint32_t connect_ms;   /* how long open/reconnect wait for WELCOME */
     uint32_t heartbeat_ms; /* SL_PROTO_HEARTBEAT_MS by default */
     uint32_t liveness;     /* SL_PROTO_LIVENESS by default */
+    int io_cpu;            /* CPU for ZeroMQ's I/O thread (SL_CPU_ANY = no pinning): the
+                              CPU the caller pinned its own thread to, see affinity.h */
     /* Called before an arena the client mapped is unmapped (a fetcher restart gave a
      * new one): the place to drop GPU registrations of the old mapping. May be NULL. */
     void (*on_unmap)(void *ctx, sl_arena *old);

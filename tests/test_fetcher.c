@@ -6,7 +6,12 @@
  * checkpoint with its own seed (mixed with the pid), so fingerprints, arena names and
  * endpoints never collide between tests running in parallel.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <sched.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -524,5 +529,63 @@ Test(fetcher, trace_and_counters_on_request, .timeout = 60)
     cr_assert(strstr(buf, "\"traceEvents\""), "%s", buf);
     cr_assert(strstr(buf, "\"name\":\"read\"") && strstr(buf, "\"layer\":3,\"expert\":7"), "%s",
               buf);
+    rig_free(&r);
+}
+
+/* "Cpus_allowed_list:" of thread tid of process pid, e.g. "0-1" or "1". */
+static void allowed_list(pid_t pid, pid_t tid, char *out, size_t cap)
+{
+    char path[96], line[256];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/status", (int)pid, (int)tid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    out[0] = '\0';
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Cpus_allowed_list:", 18)) {
+            sscanf(line + 18, "%63s", out);
+            break;
+        }
+    fclose(f);
+    (void)cap;
+}
+
+Test(fetcher, cpu_pins_the_serving_thread_not_the_readers, .timeout = 60)
+{
+    rig r = {0};
+    rig_model(&r, 107, 1);
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    cr_assert_eq(sched_getaffinity(0, sizeof s, &s), 0);
+    int cpu = 0;
+    while (!CPU_ISSET(cpu, &s)) cpu++;
+    char cpu_s[16], want[16];
+    snprintf(cpu_s, sizeof cpu_s, "%d", cpu);
+    start_fetcher(&r, "40", "--cpu", cpu_s, NULL);
+    sl_fetch_client *c = connect_client(&r);
+    uint32_t ex[6] = {0, 3, 5, 7, 9, 11};
+    get_check_put(&r, c, 1, ex, 6);
+    char got[64], task[64];
+    allowed_list(r.pid, r.pid, got, sizeof got);
+    snprintf(want, sizeof want, "%d", cpu);
+    cr_assert_str_eq(got, want, "the serving thread runs on CPU %d only", cpu);
+    /* The readers were started before the pin: at least one thread is free. */
+    int free_threads = 0;
+    snprintf(task, sizeof task, "/proc/%d/task", (int)r.pid);
+    DIR *d = opendir(task);
+    cr_assert_not_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.') {
+            allowed_list(r.pid, (pid_t)atoi(e->d_name), got, sizeof got);
+            free_threads += strcmp(got, want) != 0;
+        }
+    closedir(d);
+    if (CPU_COUNT(&s) > 1) cr_assert_geq(free_threads, 4, "the 4 readers are not pinned");
+    sl_fetch_client_close(&c);
+    stop_fetcher(&r);
+    char out[4096];
+    const char *bad[] = {SL_BIN_DIR "/sluice-fetcher", "-m", r.model, "--cpu", "65000", NULL};
+    cr_assert_eq(run_to_exit(&r, bad, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "CPU 65000"), "%s", out);
     rig_free(&r);
 }
