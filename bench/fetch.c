@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "affinity.h"
+#include "disk_ceiling.h"
 #include "client.h"
 #include "expert_map.h"
 #include "gguf.h"
@@ -48,74 +49,7 @@ static void die(const char *what, const sl_err *e)
     exit(1);
 }
 
-/* ---- 1. the disk's own ceiling ---- */
-
-typedef struct ceiling_job {
-    const sl_gguf *g;
-    const sl_expert_map *m;
-    int *fds;
-    uint32_t next; /* shared counter, atomically taken */
-    uint32_t total;
-    uint64_t bytes;
-    pthread_mutex_t lock;
-    size_t buf_bytes;
-} ceiling_job;
-
-static void *ceiling_thread(void *v)
-{
-    ceiling_job *j = v;
-    void *buf = NULL;
-    if (posix_memalign(&buf, 4096, j->buf_bytes)) return NULL;
-    uint64_t mine = 0;
-    for (;;) {
-        uint32_t i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (i >= j->total) break;
-        /* Expert i in layer-major order (the same set the fetcher reads cold). */
-        uint32_t layer = i / j->m->n_expert, expert = i % j->m->n_expert;
-        for (int p = 0; p < SL_EXPERT_N_PART; p++) {
-            const sl_expert_slice *s = sl_expert_map_slice(j->m, layer, expert, p);
-            sl_expert_window w = sl_expert_window_of(s, SL_SLOT_ALIGN);
-            uint64_t got = 0;
-            while (got < w.bytes) {
-                ssize_t n = pread(j->fds[s->shard], (uint8_t *)buf + got, w.bytes - got,
-                                  (off_t)(w.offset + got));
-                if (n < 0 && errno == EINTR) continue;
-                if (n <= 0) break;
-                got += (uint64_t)n;
-            }
-            mine += got;
-        }
-    }
-    free(buf);
-    pthread_mutex_lock(&j->lock);
-    j->bytes += mine;
-    pthread_mutex_unlock(&j->lock);
-    return NULL;
-}
-
-static double measure_ceiling(const sl_gguf *g, const sl_expert_map *m, uint32_t threads,
-                              uint32_t first, uint32_t count, uint64_t *bytes_out)
-{
-    ceiling_job j = {.g = g, .m = m, .next = first, .total = first + count};
-    pthread_mutex_init(&j.lock, NULL);
-    j.fds = calloc(g->n_shards, sizeof(int));
-    for (uint32_t s = 0; s < g->n_shards; s++) {
-        j.fds[s] = open(g->shards[s].path, O_RDONLY | O_DIRECT);
-        if (j.fds[s] < 0)
-            die("open O_DIRECT (the ceiling needs a file system with O_DIRECT)", NULL);
-    }
-    j.buf_bytes = m->layout.part_capacity[SL_EXPERT_DOWN];
-    pthread_t *t = calloc(threads, sizeof *t);
-    uint64_t t0 = sl_now_ns();
-    for (uint32_t i = 0; i < threads; i++) pthread_create(&t[i], NULL, ceiling_thread, &j);
-    for (uint32_t i = 0; i < threads; i++) pthread_join(t[i], NULL);
-    uint64_t dt = sl_now_ns() - t0;
-    for (uint32_t s = 0; s < g->n_shards; s++) close(j.fds[s]);
-    free(j.fds);
-    free(t);
-    *bytes_out = j.bytes;
-    return (double)j.bytes / ((double)dt / 1e9);
-}
+/* ---- 1. the disk's own ceiling: disk_ceiling.h ---- */
 
 /* ---- the fetcher process ---- */
 
@@ -299,7 +233,7 @@ int main(int argc, char **argv)
      * so neither finds the other's blocks in any cache. Same threads, same sizes. */
     uint32_t half = n_all / 2;
     uint64_t ceil_bytes = 0;
-    double ceiling = measure_ceiling(g, m, o.readers, 0, half, &ceil_bytes);
+    double ceiling = sl_bench_disk_ceiling(g, m, o.readers, 0, half, &ceil_bytes);
     printf("ceiling: raw O_DIRECT pread, %u threads, %u experts: %.3f GB/s\n", o.readers, half,
            ceiling / 1e9);
 

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,5 +52,43 @@ int sl_opt_u64(const char *flag, const char *s, uint64_t lo, uint64_t hi, uint64
                           "%s %s: expected a whole number from %" PRIu64 " to %" PRIu64, flag, s,
                           lo, hi);
     *out = v;
+    return 0;
+}
+
+int sl_parse_size(const char *s, uint64_t *out, sl_err *err)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v >= 0) || v > 1e18)
+        return sl_err_set(err, SL_EINVAL, "'%s' is not a size (e.g. 80G, 512M, 4096)", s);
+    double mul = 1;
+    switch (*end) {
+    case 'k':
+    case 'K':
+        mul = 1024.0;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mul = 1024.0 * 1024;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mul = 1024.0 * 1024 * 1024;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        mul = 1024.0 * 1024 * 1024 * 1024;
+        end++;
+        break;
+    default:
+        break;
+    }
+    if (*end == 'i' || *end == 'B') end += (*end == 'i') + (end[*end == 'i'] == 'B');
+    if (*end) return sl_err_set(err, SL_EINVAL, "'%s' is not a size (e.g. 80G, 512M, 4096)", s);
+    *out = (uint64_t)floor(v * mul);
     return 0;
 }

@@ -29,4 +29,7 @@ void sl_opt_help(FILE *out, const char *usage, const sl_opt *table, size_t n);
 int sl_opt_u64(const char *flag, const char *s, uint64_t lo, uint64_t hi, uint64_t *out,
                sl_err *err);
 
+/* Parses "80G", "512M", "4096", "1.5T" (binary units) into bytes. */
+int sl_parse_size(const char *s, uint64_t *out, sl_err *err);
+
 #endif

@@ -111,44 +111,6 @@ void sl_fetcher_options_default(sl_fetcher_options *o)
     o->cpu = SL_CPU_ANY;
 }
 
-int sl_parse_size(const char *s, uint64_t *out, sl_err *err)
-{
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !(v >= 0) || v > 1e18)
-        return sl_err_set(err, SL_EINVAL, "'%s' is not a size (e.g. 80G, 512M, 4096)", s);
-    double mul = 1;
-    switch (*end) {
-    case 'k':
-    case 'K':
-        mul = 1024.0;
-        end++;
-        break;
-    case 'm':
-    case 'M':
-        mul = 1024.0 * 1024;
-        end++;
-        break;
-    case 'g':
-    case 'G':
-        mul = 1024.0 * 1024 * 1024;
-        end++;
-        break;
-    case 't':
-    case 'T':
-        mul = 1024.0 * 1024 * 1024 * 1024;
-        end++;
-        break;
-    default:
-        break;
-    }
-    if (*end == 'i' || *end == 'B') end += (*end == 'i') + (end[*end == 'i'] == 'B');
-    if (*end) return sl_err_set(err, SL_EINVAL, "'%s' is not a size (e.g. 80G, 512M, 4096)", s);
-    *out = (uint64_t)floor(v * mul);
-    return 0;
-}
-
 enum opt_id {
     OPT_MODEL,
     OPT_ARENA,

@@ -67,7 +67,4 @@ void sl_fetcher_print_stats(sl_fetcher *f, FILE *out);
 /* Writes the trace (if asked for), unbinds, stops the readers, unlinks the arena. */
 void sl_fetcher_close(sl_fetcher **f);
 
-/* Parses "80G", "512M", "4096", "1.5T" (binary units) into bytes. */
-int sl_parse_size(const char *s, uint64_t *out, sl_err *err);
-
 #endif

@@ -344,7 +344,8 @@ static void fetch_begin(sl_fetch_client *c, sl_proto_msg *m, uint32_t layer, uin
 
 /* One attempt at getting the experts; SL_EPEER means: reconnect and try again. */
 static int get_once(sl_fetch_client *c, uint32_t layer, const uint32_t *experts, uint32_t n,
-                    sl_fetch_pin *pins, uint8_t *have, uint64_t deadline, sl_err *err)
+                    sl_fetch_pin *pins, uint8_t *have, uint64_t deadline, sl_fetch_on_pins on_pins,
+                    void *ctx, sl_err *err)
 {
     sl_proto_msg m;
     fetch_begin(c, &m, layer, SL_PROTO_DEMAND);
@@ -365,9 +366,19 @@ static int get_once(sl_fetch_client *c, uint32_t layer, const uint32_t *experts,
             m.fetch.expert[m.fetch.n_expert++] = experts[i];
         }
     }
-    if (!m.fetch.n_expert) return 0;
-    int rc = send_msg(c, &m, err);
+    int rc = m.fetch.n_expert ? send_msg(c, &m, err) : 0;
     if (rc) return rc;
+    /* The hits, reported while the fetcher starts on the misses. */
+    if (on_pins && m.fetch.n_expert < n) {
+        uint32_t index[SL_PROTO_FETCH_MAX], k = 0;
+        sl_fetch_pin hit[SL_PROTO_FETCH_MAX];
+        for (uint32_t i = 0; i < n; i++)
+            if (have[i]) {
+                index[k] = i;
+                hit[k++] = pins[i];
+            }
+        on_pins(ctx, index, hit, k);
+    }
     uint32_t missing = m.fetch.n_expert;
     while (missing) {
         uint64_t now = sl_now_ns();
@@ -402,6 +413,7 @@ static int get_once(sl_fetch_client *c, uint32_t layer, const uint32_t *experts,
                                      .epoch = epoch};
             have[i] = 1;
             missing--;
+            if (on_pins) on_pins(ctx, &i, &pins[i], 1);
             break;
         }
     }
@@ -411,12 +423,19 @@ static int get_once(sl_fetch_client *c, uint32_t layer, const uint32_t *experts,
 int sl_fetch_client_get(sl_fetch_client *c, uint32_t layer, const uint32_t *experts, uint32_t n,
                         sl_fetch_pin *pins, uint32_t timeout_ms, sl_err *err)
 {
+    return sl_fetch_client_get_each(c, layer, experts, n, pins, timeout_ms, NULL, NULL, err);
+}
+
+int sl_fetch_client_get_each(sl_fetch_client *c, uint32_t layer, const uint32_t *experts,
+                             uint32_t n, sl_fetch_pin *pins, uint32_t timeout_ms,
+                             sl_fetch_on_pins on_pins, void *ctx, sl_err *err)
+{
     if (n == 0 || n > SL_PROTO_FETCH_MAX)
         return sl_err_set(err, SL_EINVAL, "get: %u experts (1..%d)", n, SL_PROTO_FETCH_MAX);
     uint8_t have[SL_PROTO_FETCH_MAX];
     uint64_t deadline = sl_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
-        int rc = get_once(c, layer, experts, n, pins, have, deadline, err);
+        int rc = get_once(c, layer, experts, n, pins, have, deadline, on_pins, ctx, err);
         if (rc == 0) return 0;
         /* Give back what this attempt holds, whatever happens next. */
         for (uint32_t i = 0; i < n; i++)

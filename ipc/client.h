@@ -75,6 +75,19 @@ typedef struct sl_fetch_pin {
 int sl_fetch_client_get(sl_fetch_client *c, uint32_t layer, const uint32_t *experts, uint32_t n,
                         sl_fetch_pin *pins, uint32_t timeout_ms, sl_err *err);
 
+/* Called by sl_fetch_client_get_each as experts get pinned, so the caller can start
+ * work on them while the rest are read: first once with every shared-table hit (after
+ * the FETCH for the rest went out), then once per READY. index[k] is the position in
+ * experts[] of pins[k]. After a fetcher restart the experts are asked for again and
+ * may be reported again with pins of the new arena (the same bytes). */
+typedef void (*sl_fetch_on_pins)(void *ctx, const uint32_t *index, const sl_fetch_pin *pins,
+                                 uint32_t n);
+
+/* sl_fetch_client_get, calling on_pins(ctx, ...) as pins arrive (on_pins may be NULL). */
+int sl_fetch_client_get_each(sl_fetch_client *c, uint32_t layer, const uint32_t *experts,
+                             uint32_t n, sl_fetch_pin *pins, uint32_t timeout_ms,
+                             sl_fetch_on_pins on_pins, void *ctx, sl_err *err);
+
 /* Hints the fetcher to read these experts at low priority (no answer). */
 int sl_fetch_client_prefetch(sl_fetch_client *c, uint32_t layer, const uint32_t *experts,
                              uint32_t n, sl_err *err);

@@ -589,3 +589,47 @@ Test(fetcher, cpu_pins_the_serving_thread_not_the_readers, .timeout = 60)
     cr_assert(strstr(out, "CPU 65000"), "%s", out);
     rig_free(&r);
 }
+
+typedef struct pin_log {
+    uint32_t calls, first_n, seen[SL_PROTO_FETCH_MAX];
+    sl_fetch_pin last[SL_PROTO_FETCH_MAX];
+} pin_log;
+
+static void log_pins(void *ctx, const uint32_t *index, const sl_fetch_pin *pins, uint32_t n)
+{
+    pin_log *g = ctx;
+    if (g->calls++ == 0) g->first_n = n;
+    for (uint32_t k = 0; k < n; k++) {
+        g->seen[index[k]]++;
+        g->last[index[k]] = pins[k];
+    }
+}
+
+Test(fetcher, get_each_reports_hits_first_then_each_ready, .timeout = 60)
+{
+    rig r = {0};
+    rig_model(&r, 108, 1);
+    start_fetcher(&r, "40", NULL);
+    sl_fetch_client *c = connect_client(&r);
+    uint32_t warm[3] = {2, 6, 10};
+    get_check_put(&r, c, 3, warm, 3);
+    /* Three resident (in a different order) among three that must be read. */
+    uint32_t ex[6] = {1, 10, 4, 2, 13, 6};
+    sl_fetch_pin pins[6];
+    pin_log g = {0};
+    sl_err err = {0};
+    cr_assert_eq(sl_fetch_client_get_each(c, 3, ex, 6, pins, 20000, log_pins, &g, &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(g.first_n, 3, "the first report holds the three shared-table hits");
+    cr_assert_eq(g.calls, 4, "then one report per READY");
+    for (uint32_t i = 0; i < 6; i++) {
+        cr_assert_eq(g.seen[i], 1, "expert %u reported once", ex[i]);
+        cr_assert_eq(g.last[i].slot, pins[i].slot);
+        cr_assert_eq(g.last[i].expert, ex[i]);
+        cr_assert_eq(pins[i].from_fetcher, ex[i] % 4 != 2, "hits come from the table");
+        check_pin(&r, c, &pins[i]);
+    }
+    cr_assert_eq(sl_fetch_client_put(c, pins, 6, &err), 0, "%s", err.msg);
+    sl_fetch_client_close(&c);
+    rig_free(&r);
+}
