@@ -26,6 +26,35 @@ int sl_gpu_device_count(int *n, sl_err *err);
 /* One line describing device `dev` (name, compute capability, memory) into buf. */
 int sl_gpu_describe(int dev, char *buf, unsigned long len, sl_err *err);
 
+/* Device memory now, and whether the GPU shares the host's memory (integrated, or
+ * coherent with host page tables as on GH200/GB10): there the kernels read the host
+ * arena in place and a device tier would only copy memory into itself. */
+typedef struct sl_gpu_mem {
+    uint64_t free_bytes, total_bytes;
+    int shares_host_memory;
+} sl_gpu_mem;
+int sl_gpu_mem_info(int dev, sl_gpu_mem *out, sl_err *err);
+
+/* Ceilings of the memory paths on device dev, in bytes per second, measured with
+ * plain kernels and copies (best of several runs; each costs tens of ms):
+ * hbm: a kernel reading `bytes` of device memory with 16-byte loads;
+ * copy: cudaMemcpy of `bytes` from pinned/registered host memory `host` to the device;
+ * zero_copy: a kernel reading `host` in place through its mapped device address;
+ * checksum (nullable): the XOR of every 32-bit word it read, sl_gpu_read_xor_cpu's
+ * result when every byte arrived. */
+int sl_gpu_ceiling_hbm(int dev, size_t bytes, double *hbm, sl_err *err);
+int sl_gpu_ceiling_host(int dev, const void *host, size_t bytes, double *copy, double *zero_copy,
+                        unsigned *checksum, sl_err *err);
+
+/* The CPU twin of the ceiling kernels' checksum: XOR of the n 32-bit words at p. */
+static inline unsigned sl_gpu_read_xor_cpu(const void *p, size_t bytes)
+{
+    const unsigned *w = (const unsigned *)p;
+    unsigned x = 0;
+    for (size_t i = 0; i < bytes / 4; i++) x ^= w[i];
+    return x;
+}
+
 /* ---- context ---- */
 
 /* Most experts per token one launch handles (V4.1 picks 6). */
@@ -69,6 +98,13 @@ int sl_gpu_sync(sl_gpu_ctx *ctx, sl_err *err);
 int sl_gpu_quant_q8_1(sl_gpu_ctx *ctx, const uint16_t *x_dev, uint32_t n, sl_block_q8_1 *dst_dev,
                       sl_err *err);
 
+/* The residual and the next layer's ffn_norm on the main stream (sl_emu_residual_norm's
+ * arithmetic, bit for bit): h_dev = bf16(h_dev + y_dev) unless y_dev is NULL, then,
+ * unless w_dev ([dim] f32) is NULL, x_dev = bf16(w * h * rsqrt(mean(h^2) + eps)). The
+ * residual stream stays on the device between layers. */
+int sl_gpu_residual_norm(sl_gpu_ctx *ctx, uint16_t *h_dev, const uint16_t *y_dev,
+                         const float *w_dev, float eps, uint16_t *x_dev, sl_err *err);
+
 /* Router logits of x_dev [dim] bf16 against router_dev [n_expert][dim] bf16, in
  * sl_router_logits' order, divided by gate_temp; waits and copies them into
  * logits[n_expert] (host). */
@@ -86,6 +122,32 @@ int sl_gpu_moe_shared(sl_gpu_ctx *ctx, const uint16_t *x_dev, const sl_moe_exper
  * since the last call; out_dev [dim] bf16, out_f32_dev [dim] (nullable) the f32 sum. */
 int sl_gpu_moe_routed(sl_gpu_ctx *ctx, const uint16_t *x_dev, const sl_moe_route *route,
                       const sl_moe_expert_w *w, uint16_t *out_dev, float *out_f32_dev, sl_err *err);
+
+/* The same work split so that the engine can start the experts it holds while the
+ * others are read ("hits first"); sl_gpu_moe_routed = begin + part(every rank) +
+ * finish, and the output bytes do not depend on how the ranks were split or ordered.
+ * Weights in device memory go through bulk-copy kernels, weights in registered host
+ * memory through register-staged ones (chosen per expert by a driver pointer lookup).
+ *
+ * Starts one token's routed experts: route (experts and weights by rank), x_dev [dim]
+ * bf16. Queues nothing. */
+int sl_gpu_moe_begin(sl_gpu_ctx *ctx, const uint16_t *x_dev, const sl_moe_route *route,
+                     sl_err *err);
+
+/* Queues gate/up + SwiGLU of ranks[0..n) whose weights are w_by_rank[rank] (entries of
+ * other ranks are ignored); may be called several times, each rank exactly once. The
+ * weights must stay valid until the work finishes (sl_gpu_sync or a later download). */
+int sl_gpu_moe_part(sl_gpu_ctx *ctx, const uint32_t *ranks, uint32_t n,
+                    const sl_moe_expert_w *w_by_rank, sl_err *err);
+
+/* After every rank was queued: q8_1 of h, down, the sum in increasing expert id, plus
+ * the shared expert if one was queued since the last token; out_dev [dim] bf16,
+ * out_f32_dev [dim] (nullable) the f32 sum. */
+int sl_gpu_moe_finish(sl_gpu_ctx *ctx, uint16_t *out_dev, float *out_f32_dev, sl_err *err);
+
+/* cudaMemcpyAsync host -> device on the main stream (host pinned or registered, e.g. an
+ * arena slot); returns without waiting, so later work on the stream sees the bytes. */
+int sl_gpu_upload_async(sl_gpu_ctx *ctx, void *dev, const void *host, size_t bytes, sl_err *err);
 
 /* Test hook: waits, then copies the last layer's intermediates to the host (each
  * nullable): h [n_used][inter] (experts by increasing id), hq [n_used][inter] and

@@ -1,11 +1,13 @@
 /* moe.cu - the C entries of the MoE kernels: context, memory helpers, router, shared
- * expert and routed experts of one token (DESIGN.md "One decode step").
+ * expert and routed experts of one token (DESIGN.md "One decode step"), whole or split
+ * hits first (begin / part / finish).
  *
  * The context owns two streams (main; side, for the shared expert), the events that
- * join them, and all scratch, sized at open: a layer allocates nothing. Kernels come
- * from moe_kern.cuh; the configuration below (warps per CTA, prefetch) is the one
- * that won in bench/gpu/moe (bench/results/2026-11-29-moe.md). Every CUDA call and
- * every launch is checked with a label.
+ * join them, all scratch (sized at open: a layer allocates nothing) and the state of
+ * the token between sl_gpu_moe_begin and sl_gpu_moe_finish. Kernels come from
+ * moe_kern.cuh; the configuration below is the one that won in bench/gpu/moe
+ * (bench/results/2026-11-30-moe.md). Every CUDA call and every launch is checked with
+ * a label.
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -15,22 +17,33 @@
 #include "gpu.h"
 #include "moe_kern.cuh"
 
-/* The bench's winner (bench/results/2026-11-29-moe.md, run 3: down T1 beat T2/T4;
- * prefetch, occupancy and the fused q8_1 of h made no difference to gate/up). Run 5's
- * k_gateup4_q2_k (bit-exact, 31.4 vs 36.9 us from HBM) is not shipped: it reads
- * mapped host memory at 0.64 of the zero-copy ceiling against 0.96 here. */
-#define GU_NW   8    /* warps per CTA, gate/up */
+/* The bench's winners. Weights in device memory: bulk-copy (TMA) gate/up and down
+ * (bench/results/2026-11-30-moe.md). Weights in mapped host memory (the zero-copy
+ * path): run 4's register-staged kernels, which keep >= 0.9 of the PCIe ceiling
+ * (bench/results/2026-11-29-moe.md). */
+#define GU_NW   8    /* warps per CTA, register-staged gate/up */
 #define GU_PF   true /* prefetch the next row pair */
 #define GU_MINB 1    /* __launch_bounds__ min CTAs per SM, gate/up */
 #define BF_NW   8    /* BF16 shared expert and router */
-#define DN_T    1    /* 4-row tiles per CTA, down */
+#define DN_T    1    /* 4-row tiles per CTA, register-staged down */
+#define GT_NG   2    /* warp groups per CTA, bulk-copy gate/up */
+#define GT_NW   8    /* warps per group, bulk-copy gate/up */
+#define GT_TR   16   /* rows of gate (and of up) per stage */
+#define GT_ST   4    /* stages in flight per CTA (2 per group) */
+#define DT_LPR  8    /* lanes per row, bulk-copy down */
+#define DT_TD   8    /* output rows per CTA, bulk-copy down */
+#ifndef USE_PDL
+#define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
+#endif
 
 struct sl_gpu_ctx {
     int dev, n_sm;
     sl_moe_shape shape;
     int sh_bf16;          /* 1: the shared expert is BF16 */
     int gu_maxv, dn_maxv; /* register chunks per lane of one step (4|8, 8|16) */
-    int gu_occ, dn_occ;   /* CTAs per SM of the two kernels */
+    int gu_occ;           /* CTAs per SM of the register-staged gate/up */
+    int gt_ok, gt_occ;    /* the bulk-copy gate/up fits this shape; its CTAs per SM */
+    int dt_ok;            /* the bulk-copy down fits this shape */
     cudaStream_t main, side;
     cudaEvent_t ev_in, ev_sh;
     int shared_pending; /* the side stream has a shared output for the next routed call */
@@ -39,6 +52,14 @@ struct sl_gpu_ctx {
     float *y_sh;        /* [dim] the shared expert's output */
     float *logits_dev;  /* [n_expert] */
     float *logits_host; /* [n_expert] pinned */
+    /* the token between sl_gpu_moe_begin and sl_gpu_moe_finish */
+    int in_token;
+    const uint16_t *x;                 /* [dim] bf16, device */
+    sl_moe_route route;                /* by rank */
+    uint32_t slot_of[SL_GPU_MAX_USED]; /* rank -> position in increasing expert id */
+    uint32_t queued;                   /* bit r: rank r's gate/up is queued */
+    sl_ktab all;                       /* by slot: the down pointers for finish */
+    int down_host;                     /* some queued expert's down is in host memory */
 };
 
 #define CK(call, label)                                                                            \
@@ -57,52 +78,85 @@ static int check_ptr(const void *p, const char *what, sl_err *err)
     return 0;
 }
 
-/* ---- launchers, one per kernel family; they pick the register-chunk count ---- */
-
-/* Gate/up + SwiGLU of the table's experts, then the q8_1 of h. */
-static cudaError_t launch_gateup(int maxv, int occ, int n_sm, const sl_ktab &tab, const uint16_t *x,
-                                 uint32_t dim, uint32_t inter, float limit, const sl_kscratch &s,
-                                 cudaStream_t st)
+/* 1 when p is not device memory (registered host memory, read over PCIe): the bulk
+ * copies are for device memory, the register-staged kernels for mapped host memory.
+ * A pointer lookup in the driver, well under a microsecond. */
+static int in_host(const void *p)
 {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError(); /* clear it: an unknown pointer is not a launch error */
+        return 1;
+    }
+    return a.type != cudaMemoryTypeDevice;
+}
+
+/* ---- launchers, one per kernel family ---- */
+
+/* Gate/up + SwiGLU of the table's experts into s.h (at each expert's slot); tma picks
+ * the bulk-copy kernel (weights in device memory). */
+static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const uint16_t *x,
+                                 const sl_kscratch &s, cudaStream_t st, bool tma, bool pdl)
+{
+    const uint32_t dim = c->shape.dim, inter = c->shape.inter;
+    const float limit = c->shape.swiglu_limit;
+    if (tma) {
+        const uint32_t units = (uint32_t)tab.n * (inter / GT_TR);
+        uint32_t grid = (uint32_t)(c->gt_occ * c->n_sm);
+        if (grid > units) grid = units;
+        return k_launch(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, grid, GT_NG * GT_NW * 32,
+                        k_gateup_tma_smem(dim, GT_TR, GT_ST), st, pdl, tab, x, dim, inter, limit,
+                        s);
+    }
     const uint32_t units = (uint32_t)tab.n * inter;
     uint32_t grid = (units + GU_NW - 1) / GU_NW;
-    if (grid > (uint32_t)(occ * n_sm)) grid = (uint32_t)(occ * n_sm);
-    const size_t smem = k_gateup_smem(dim, GU_NW, maxv);
-    if (maxv == 4)
+    if (grid > (uint32_t)(c->gu_occ * c->n_sm)) grid = (uint32_t)(c->gu_occ * c->n_sm);
+    const size_t smem = k_gateup_smem(dim, GU_NW, c->gu_maxv);
+    if (c->gu_maxv == 4)
         k_gateup_q2_k<GU_NW, 4, GU_PF, false, GU_MINB>
             <<<grid, GU_NW * 32, smem, st>>>(tab, x, dim, inter, limit, s);
     else
         k_gateup_q2_k<GU_NW, 8, GU_PF, false, GU_MINB>
             <<<grid, GU_NW * 32, smem, st>>>(tab, x, dim, inter, limit, s);
-    cudaError_t rc = cudaGetLastError();
-    if (rc != cudaSuccess) return rc;
-    const uint32_t groups = units / 32;
-    k_quant_h<<<(groups + 7) / 8, 256, 0, st>>>(s, groups);
     return cudaGetLastError();
+}
+
+/* q8_1 of the first n experts' h. */
+static cudaError_t launch_quant_h(const sl_gpu_ctx *c, const sl_kscratch &s, uint32_t n,
+                                  cudaStream_t st, bool pdl)
+{
+    const uint32_t groups = n * c->shape.inter / 32;
+    return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, st, pdl, s, groups);
 }
 
 /* Down of the table's experts and their fixed-order sum (+ extra). */
-static cudaError_t launch_down(int maxv, const sl_ktab &tab, const int8_t *hq, const float *hd,
-                               uint32_t dim, uint32_t inter, const float *extra, float *out_f32,
-                               uint16_t *out, cudaStream_t st)
+static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl_kscratch &s,
+                               const float *extra, float *out_f32, uint16_t *out, cudaStream_t st,
+                               bool tma, bool pdl)
 {
-    const size_t smem = k_down2_smem(tab.n, maxv);
+    const uint32_t dim = c->shape.dim, inter = c->shape.inter;
+    if (tma)
+        return k_launch(k_down_tma_q3_k<DT_LPR, DT_TD>, dim / DT_TD,
+                        k_down_tma_threads(tab.n, DT_LPR, DT_TD),
+                        k_down_tma_smem(tab.n, inter, DT_TD), st, pdl, tab, (const int8_t *)s.hq,
+                        (const float *)s.hd, dim, inter, extra, out_f32, out);
+    const size_t smem = k_down2_smem(tab.n, c->dn_maxv);
     const uint32_t grid = (dim / 4 + DN_T - 1) / DN_T;
-    if (maxv == 8)
+    if (c->dn_maxv == 8)
         k_down2_q3_k<8, DN_T>
-            <<<grid, 32 * tab.n, smem, st>>>(tab, hq, hd, dim, inter, extra, out_f32, out);
+            <<<grid, 32 * tab.n, smem, st>>>(tab, s.hq, s.hd, dim, inter, extra, out_f32, out);
     else
         k_down2_q3_k<16, DN_T>
-            <<<grid, 32 * tab.n, smem, st>>>(tab, hq, hd, dim, inter, extra, out_f32, out);
+            <<<grid, 32 * tab.n, smem, st>>>(tab, s.hq, s.hd, dim, inter, extra, out_f32, out);
     return cudaGetLastError();
 }
 
-/* Lifts a kernel's dynamic shared-memory limit and returns its occupancy at smem. */
+/* Lifts a kernel's dynamic shared-memory limit to smem and returns its occupancy. */
 template <typename K>
 static int prep_kernel(K kern, int threads, size_t smem, int *occ, const char *name, sl_err *err)
 {
-    cudaError_t rc =
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+    cudaError_t rc = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)(smem > 48 * 1024 ? smem : 48 * 1024));
     if (rc == cudaSuccess)
         rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, kern, threads, smem);
     if (rc != cudaSuccess)
@@ -112,11 +166,14 @@ static int prep_kernel(K kern, int threads, size_t smem, int *occ, const char *n
 }
 
 /* Sets the shared-memory limits of the kernels a context may launch and records the
- * occupancy (CTAs per SM) of the two quantized ones. */
+ * occupancy of the persistent gate/up kernels; the bulk-copy kernels are used where
+ * their stages fit the device's shared memory. */
 static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
 {
-    const uint32_t dim = c->shape.dim;
-    int occ = 0, rc;
+    const uint32_t dim = c->shape.dim, inter = c->shape.inter;
+    int occ = 0, rc, optin = 0;
+    CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->dev),
+       "cudaDeviceGetAttribute(shared memory)");
     if (c->gu_maxv == 4)
         rc = prep_kernel(k_gateup_q2_k<GU_NW, 4, GU_PF, false, GU_MINB>, GU_NW * 32,
                          k_gateup_smem(dim, GU_NW, 4), &c->gu_occ, "k_gateup_q2_k", err);
@@ -131,6 +188,21 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         rc = prep_kernel(k_down2_q3_k<16, DN_T>, SL_GPU_MAX_USED * 32,
                          k_down2_smem(SL_GPU_MAX_USED, 16), &occ, "k_down2_q3_k", err);
     if (rc) return rc;
+    const size_t gt_smem = k_gateup_tma_smem(dim, GT_TR, GT_ST);
+    if (gt_smem <= (size_t)optin) {
+        rc = prep_kernel(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, GT_NG * GT_NW * 32, gt_smem,
+                         &c->gt_occ, "k_gateup_tma_q2_k", err);
+        if (rc) return rc;
+        c->gt_ok = c->gt_occ >= 1;
+    }
+    const size_t dt_smem = k_down_tma_smem(SL_GPU_MAX_USED, inter, DT_TD);
+    if (dt_smem + 1024 <= (size_t)optin) { /* + its static arrays */
+        rc = prep_kernel(k_down_tma_q3_k<DT_LPR, DT_TD>,
+                         (int)k_down_tma_threads(SL_GPU_MAX_USED, DT_LPR, DT_TD), dt_smem, &occ,
+                         "k_down_tma_q3_k", err);
+        if (rc) return rc;
+        c->dt_ok = occ >= 1;
+    }
     rc = prep_kernel(k_gateup_bf16<BF_NW>, BF_NW * 32, sizeof(float) * dim, &occ, "k_gateup_bf16",
                      err);
     if (rc) return rc;
@@ -310,6 +382,20 @@ extern "C" int sl_gpu_quant_q8_1(sl_gpu_ctx *c, const uint16_t *x, uint32_t n, s
     return 0;
 }
 
+extern "C" int sl_gpu_residual_norm(sl_gpu_ctx *c, uint16_t *h, const uint16_t *y, const float *w,
+                                    float eps, uint16_t *x, sl_err *err)
+{
+    if (!c || !h || (w && !x))
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_residual_norm: NULL argument");
+    const uint32_t dim = c->shape.dim;
+    if (dim % SL_EMU_NORM_LANES)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_residual_norm: dim %u is not a multiple of %d",
+                          dim, SL_EMU_NORM_LANES);
+    k_residual_norm<<<1, SL_EMU_NORM_LANES, 0, c->main>>>(h, y, w, eps, dim, x);
+    CK_LAUNCH("k_residual_norm");
+    return 0;
+}
+
 extern "C" int sl_gpu_router_logits(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w,
                                     float *logits, sl_err *err)
 {
@@ -347,6 +433,7 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
     tab.e[0].up = (const uint8_t *)sh->up;
     tab.e[0].down = (const uint8_t *)sh->down;
     tab.e[0].w = 1.0f;
+    tab.e[0].slot = 0;
     CK(cudaEventRecord(c->ev_in, c->main), "cudaEventRecord(in)");
     CK(cudaStreamWaitEvent(c->side, c->ev_in, 0), "cudaStreamWaitEvent(side, in)");
     if (c->sh_bf16) {
@@ -358,15 +445,103 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
             (const uint16_t *)sh->down, c->ss.h, s->dim, s->inter, c->y_sh);
         CK_LAUNCH("k_down_bf16");
     } else {
-        CK((launch_gateup(c->gu_maxv, c->gu_occ, c->n_sm, tab, x, s->dim, s->inter, s->swiglu_limit,
-                          c->ss, c->side)),
-           "k_gateup_q2_k(shared)");
-        CK((launch_down(c->dn_maxv, tab, c->ss.hq, c->ss.hd, s->dim, s->inter, NULL, c->y_sh, NULL,
-                        c->side)),
-           "k_down_q3_k(shared)");
+        const bool gt = c->gt_ok && !in_host(sh->gate) && !in_host(sh->up);
+        const bool dt = c->dt_ok && !in_host(sh->down);
+        CK(launch_gateup(c, tab, x, c->ss, c->side, gt, false), "gate/up (shared)");
+        CK(launch_quant_h(c, c->ss, 1, c->side, false), "k_quant_h (shared)");
+        CK(launch_down(c, tab, c->ss, NULL, c->y_sh, NULL, c->side, dt, USE_PDL && dt),
+           "down (shared)");
     }
     CK(cudaEventRecord(c->ev_sh, c->side), "cudaEventRecord(shared)");
     c->shared_pending = 1;
+    return 0;
+}
+
+extern "C" int sl_gpu_moe_begin(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_route *route,
+                                sl_err *err)
+{
+    if (!c || !route) return sl_err_set(err, SL_EINVAL, "sl_gpu_moe_begin: NULL argument");
+    if (check_ptr(x, "sl_gpu_moe_begin: x", err)) return SL_EINVAL;
+    const uint32_t n = c->shape.n_used;
+    uint32_t order[64];
+    sl_emu_moe_order(route, n, order);
+    c->x = x;
+    c->route = *route;
+    for (uint32_t k = 0; k < n; k++) c->slot_of[order[k]] = k;
+    memset(&c->all, 0, sizeof c->all);
+    c->all.n = (int)n;
+    c->queued = 0;
+    c->down_host = 0;
+    c->in_token = 1;
+    return 0;
+}
+
+extern "C" int sl_gpu_moe_part(sl_gpu_ctx *c, const uint32_t *ranks, uint32_t nr,
+                               const sl_moe_expert_w *w, sl_err *err)
+{
+    if (!c || (nr && (!ranks || !w)))
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_moe_part: NULL argument");
+    if (!c->in_token) return sl_err_set(err, SL_EINVAL, "sl_gpu_moe_part: no sl_gpu_moe_begin");
+    const uint32_t n = c->shape.n_used;
+    sl_ktab tab[2]; /* [0] device weights (bulk copies), [1] host-mapped weights */
+    memset(tab, 0, sizeof tab);
+    uint32_t mask = 0;
+    for (uint32_t i = 0; i < nr; i++) {
+        const uint32_t r = ranks[i];
+        if (r >= n || ((c->queued | mask) >> r & 1))
+            return sl_err_set(err, SL_EINVAL,
+                              "sl_gpu_moe_part: rank %u out of range or queued twice", r);
+        const sl_moe_expert_w *e = &w[r];
+        char what[64];
+        snprintf(what, sizeof what, "sl_gpu_moe_part: expert %u", c->route.expert[r]);
+        if (check_ptr(e->gate, what, err) || check_ptr(e->up, what, err) ||
+            check_ptr(e->down, what, err))
+            return SL_EINVAL;
+        mask |= 1u << r;
+        const int host = !c->gt_ok || in_host(e->gate) || in_host(e->up);
+        sl_kexp *k = &tab[host].e[tab[host].n++];
+        k->gate = (const uint8_t *)e->gate;
+        k->up = (const uint8_t *)e->up;
+        k->down = (const uint8_t *)e->down;
+        k->w = c->route.weight[r];
+        k->slot = (int)c->slot_of[r];
+        c->all.e[k->slot] = *k;
+        if (!c->dt_ok || in_host(e->down)) c->down_host = 1;
+    }
+    c->queued |= mask;
+    for (int h = 0; h < 2; h++)
+        if (tab[h].n)
+            CK(launch_gateup(c, tab[h], c->x, c->rs, c->main, h == 0, USE_PDL && h == 0),
+               h ? "k_gateup_q2_k" : "k_gateup_tma_q2_k");
+    return 0;
+}
+
+extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, sl_err *err)
+{
+    if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_moe_finish: NULL context");
+    if (check_ptr(out, "sl_gpu_moe_finish: out", err)) return SL_EINVAL;
+    if (out_f32 && ((uintptr_t)out_f32 & 3))
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_moe_finish: out_f32 %p misaligned", out_f32);
+    const uint32_t n = c->shape.n_used;
+    if (!c->in_token || c->queued != (1u << n) - 1)
+        return sl_err_set(err, SL_EINVAL,
+                          "sl_gpu_moe_finish: ranks queued 0x%x of %u (or no sl_gpu_moe_begin)",
+                          c->queued, n);
+    c->in_token = 0;
+    const float *extra = NULL;
+    bool pdl_q = USE_PDL;
+    if (c->shared_pending) {
+        /* the event wait sits between gate/up and q8_1 of h: q8_1 then waits in full */
+        CK(cudaStreamWaitEvent(c->main, c->ev_sh, 0), "cudaStreamWaitEvent(main, shared)");
+        extra = c->y_sh;
+        c->shared_pending = 0;
+        pdl_q = false;
+    }
+    CK(launch_quant_h(c, c->rs, n, c->main, pdl_q), "k_quant_h");
+    const bool dt = !c->down_host;
+    CK(launch_down(c, c->all, c->rs, extra, out_f32, out, c->main, dt, USE_PDL && dt),
+       dt ? "k_down_tma_q3_k" : "k_down2_q3_k");
+    c->n_last = n;
     return 0;
 }
 
@@ -377,38 +552,24 @@ extern "C" int sl_gpu_moe_routed(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
     if (!c || !route || !w) return sl_err_set(err, SL_EINVAL, "sl_gpu_moe_routed: NULL argument");
     if (check_ptr(x, "sl_gpu_moe_routed: x", err) || check_ptr(out, "sl_gpu_moe_routed: out", err))
         return SL_EINVAL;
-    const sl_moe_shape *s = &c->shape;
-    const uint32_t n = s->n_used;
-    uint32_t order[64];
-    sl_emu_moe_order(route, n, order);
-    sl_ktab tab;
-    memset(&tab, 0, sizeof tab);
-    tab.n = (int)n;
-    for (uint32_t k = 0; k < n; k++) {
-        const sl_moe_expert_w *e = &w[order[k]];
-        char what[64];
-        snprintf(what, sizeof what, "sl_gpu_moe_routed: expert %u", route->expert[order[k]]);
-        if (check_ptr(e->gate, what, err) || check_ptr(e->up, what, err) ||
-            check_ptr(e->down, what, err))
-            return SL_EINVAL;
-        tab.e[k].gate = (const uint8_t *)e->gate;
-        tab.e[k].up = (const uint8_t *)e->up;
-        tab.e[k].down = (const uint8_t *)e->down;
-        tab.e[k].w = route->weight[order[k]];
+    uint32_t ranks[SL_GPU_MAX_USED];
+    for (uint32_t k = 0; k < c->shape.n_used; k++) ranks[k] = k;
+    int rc = sl_gpu_moe_begin(c, x, route, err);
+    if (!rc) rc = sl_gpu_moe_part(c, ranks, c->shape.n_used, w, err);
+    if (rc) {
+        c->in_token = 0;
+        return rc;
     }
-    CK((launch_gateup(c->gu_maxv, c->gu_occ, c->n_sm, tab, x, s->dim, s->inter, s->swiglu_limit,
-                      c->rs, c->main)),
-       "k_gateup_q2_k");
-    const float *extra = NULL;
-    if (c->shared_pending) {
-        CK(cudaStreamWaitEvent(c->main, c->ev_sh, 0), "cudaStreamWaitEvent(main, shared)");
-        extra = c->y_sh;
-        c->shared_pending = 0;
-    }
-    CK((launch_down(c->dn_maxv, tab, c->rs.hq, c->rs.hd, s->dim, s->inter, extra, out_f32, out,
-                    c->main)),
-       "k_down_q3_k");
-    c->n_last = n;
+    return sl_gpu_moe_finish(c, out, out_f32, err);
+}
+
+extern "C" int sl_gpu_upload_async(sl_gpu_ctx *c, void *dev, const void *host, size_t bytes,
+                                   sl_err *err)
+{
+    if (!c || !dev || !host)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_upload_async: NULL argument");
+    CK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->main),
+       "cudaMemcpyAsync(upload_async)");
     return 0;
 }
 

@@ -259,3 +259,26 @@ fail:
     free(y);
     return rc;
 }
+
+void sl_emu_residual_norm(uint32_t dim, uint16_t *h, const uint16_t *y, const float *w, float eps,
+                          uint16_t *x)
+{
+    if (y)
+        for (uint32_t i = 0; i < dim; i++)
+            h[i] = sl_emu_bf16_bits(sl_emu_add(sl_emu_bf16_to_f32(h[i]), sl_emu_bf16_to_f32(y[i])));
+    if (!w) return;
+    float s[SL_EMU_NORM_LANES];
+    for (uint32_t j = 0; j < SL_EMU_NORM_LANES; j++) {
+        float acc = 0.0f;
+        for (uint32_t i = j; i < dim; i += SL_EMU_NORM_LANES) {
+            float v = sl_emu_bf16_to_f32(h[i]);
+            acc = sl_emu_add(acc, sl_emu_mul(v, v));
+        }
+        s[j] = acc;
+    }
+    for (uint32_t off = SL_EMU_NORM_LANES / 2; off; off >>= 1)
+        for (uint32_t j = 0; j < off; j++) s[j] = sl_emu_add(s[j], s[j + off]);
+    float r = sl_emu_div(1.0f, sl_emu_sqrt(sl_emu_add(sl_emu_div(s[0], (float)dim), eps)));
+    for (uint32_t i = 0; i < dim; i++)
+        x[i] = sl_emu_bf16_bits(sl_emu_mul(w[i], sl_emu_mul(sl_emu_bf16_to_f32(h[i]), r)));
+}

@@ -95,6 +95,15 @@ SL_HD float sl_emu_float(uint32_t u)
 #endif
 }
 
+SL_HD float sl_emu_sqrt(float a)
+{
+#ifdef __CUDA_ARCH__
+    return __fsqrt_rn(a);
+#else
+    return sqrtf(a); /* IEEE: correctly rounded */
+#endif
+}
+
 /* f32 -> bf16 bits, round to nearest even; NaN stays a quiet NaN (as sl_f32_to_bf16). */
 SL_HD uint16_t sl_emu_bf16_bits(float f)
 {
@@ -229,6 +238,19 @@ typedef struct sl_emu_trace {
 int sl_emu_moe(const sl_moe_shape *shape, const uint16_t *x, const sl_moe_route *route,
                const sl_moe_expert_w *w, const sl_moe_expert_w *shared, uint16_t *out,
                float *out_f32, sl_emu_trace *trace, sl_err *err);
+
+/* Lanes of the residual + norm kernel: the sum of squares is split over them. */
+#define SL_EMU_NORM_LANES 256
+
+/* The residual and the next layer's ffn_norm as the GPU computes them (MODEL.md §2.1),
+ * dim a multiple of SL_EMU_NORM_LANES:
+ *   h = bf16(h + y) element by element (y NULL: h unchanged);
+ *   when w is not NULL: ss = the sum of h_i^2, lane j of SL_EMU_NORM_LANES adding the
+ *   squares of h_j, h_(j+lanes), ... in increasing i, then lanes added pairwise
+ *   (for off = lanes/2 down to 1: s_j = s_j + s_(j+off) for j < off);
+ *   r = 1 / sqrt(ss / dim + eps); x_i = bf16(w_i * (h_i * r)). */
+void sl_emu_residual_norm(uint32_t dim, uint16_t *h, const uint16_t *y, const float *w, float eps,
+                          uint16_t *x);
 
 /* The order in which the GPU runs and sums the picked experts: ranks sorted by
  * increasing expert id (stable). Writes n_used ranks into order. */

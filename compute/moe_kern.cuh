@@ -6,9 +6,11 @@
  * both together. The shape rules the launchers rely on (dim, inter multiples of 256,
  * 16-byte aligned tensors, n <= SL_GPU_MAX_USED) are checked by the C entries.
  *
- * Weights are streamed once: each warp copies its rows' raw blocks with 16-byte
- * loads (evict-first) into a per-warp shared-memory stage, then reads them from
- * there. The same code serves device memory and mapped (zero-copy) host memory.
+ * Weights are streamed once, into shared memory, two ways: the register-staged
+ * kernels (each warp copies its rows with 16-byte evict-first loads into a per-warp
+ * stage) serve mapped (zero-copy) host memory best; the bulk-copy kernels (*_tma_*:
+ * one thread queues whole row tiles with cp.async.bulk into mbarrier stages) serve
+ * device memory best. Both read either kind correctly and compute the same bits.
  */
 #ifndef SL_MOE_KERN_CUH
 #define SL_MOE_KERN_CUH
@@ -16,6 +18,8 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include <utility>
 
 #include "moe_emu.h"
 
@@ -27,7 +31,8 @@
  * launch, passed by value (it lives in the kernel's constant bank). */
 struct sl_kexp {
     const uint8_t *gate, *up, *down;
-    float w; /* routing weight (1 for the shared expert) */
+    float w;  /* routing weight (1 for the shared expert) */
+    int slot; /* row block of this expert's h in the scratch (its rank in expert id order) */
 };
 struct sl_ktab {
     int n;
@@ -352,7 +357,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
         float v = k_dot_q2_k((const uint8_t *)su + cu, aq, ad, as, nb, lane);
         g = k_butterfly(g, 16);
         v = k_butterfly(v, 16);
-        k_swiglu_out(g, v, tab.e[e].w, limit, e, r, inter, s, FUSEQ, lane);
+        k_swiglu_out(g, v, tab.e[e].w, limit, (uint32_t)tab.e[e].slot, r, inter, s, FUSEQ, lane);
     }
 }
 
@@ -523,10 +528,336 @@ __global__ void __launch_bounds__(NW * 32, MINB)
         const float v = k_comb4(a);
         const float o = __shfl_xor_sync(~0u, v, 8); /* gate lanes get their up */
         if ((lane & 15) == 0)
-            s.h[(size_t)e * inter + r + (lane >> 4)] = sl_emu_swiglu(v, o, tab.e[e].w, limit);
+            s.h[(size_t)tab.e[e].slot * inter + r + (lane >> 4)] =
+                sl_emu_swiglu(v, o, tab.e[e].w, limit);
         __syncwarp();
         st = st + 1 == ST ? 0 : st + 1;
     }
+}
+
+/* ---- bulk-copy (TMA) pipelines: bench run 6 (bench/results/2026-11-30-moe.md) ----
+ *
+ * One thread of the CTA queues whole row tiles with cp.async.bulk (the copy engine of
+ * the SM moves them: no registers, no load instructions per 16 bytes) into stages of
+ * shared memory, each with an mbarrier that completes when its bytes have landed; the
+ * warps wait on it, compute from shared memory and release the stage at a
+ * __syncthreads, after which the thread queues the tile that reuses it. Tiles are
+ * whole rows, so they are contiguous and (rows of 16-byte multiples, tensors 16-byte
+ * aligned, checked by the C entries) legal bulk copies. The lane mappings are the ones
+ * of k_dot4_q2_k and k_dot4_q3_k, so the arithmetic is sl_emu_dot_q2_k's and
+ * sl_emu_dot_q3_k's. griddepcontrol.wait (a no-op without programmatic dependent
+ * launch) sits after the first copies are queued and before anything the previous
+ * kernel of the stream wrote is read or anything is written. */
+
+__device__ __forceinline__ uint32_t k_sa(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void k_mbar_init(uint64_t *bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(k_sa(bar)), "r"(count)
+                 : "memory");
+}
+
+/* Makes the mbarrier inits visible to the copy engine (before the CTA's __syncthreads). */
+__device__ __forceinline__ void k_mbar_fence_init()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+/* Orders this thread's earlier generic-proxy accesses of shared memory (after the
+ * CTA barrier: everyone's reads of a stage) before the next bulk copy into it. */
+__device__ __forceinline__ void k_fence_proxy()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void k_mbar_expect(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(k_sa(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+/* Bulk copy global -> shared of bytes (multiple of 16, both ends 16-byte aligned),
+ * completing on bar. */
+__device__ __forceinline__ void k_bulk(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];\n" ::"r"(k_sa(dst)),
+        "l"(src), "r"(bytes), "r"(k_sa(bar))
+        : "memory");
+}
+
+__device__ __forceinline__ void k_mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    uint32_t ok = 0;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(k_sa(bar)), "r"(parity)
+                     : "memory");
+    } while (!ok);
+}
+
+/* Programmatic dependent launch: wait for the previous kernel of the stream (and its
+ * memory); let the next one start its prologue. Both are no-ops without PDL. */
+__device__ __forceinline__ void k_pdl_wait()
+{
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void k_pdl_go()
+{
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+/* Bytes of one stage of k_gateup_tma_q2_k: TR rows of gate, then TR rows of up. */
+__host__ __device__ inline uint32_t k_gut_stage(uint32_t dim, int tr)
+{
+    return 2u * (uint32_t)tr * (dim / 256 * 84);
+}
+
+/* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (k_quant_h
+ * follows). Persistent: CTA c takes the units u = c, c + grid, ..., a unit being rows
+ * [r0, r0 + TR) of gate and up of one expert, ST units in flight. NG groups of NW
+ * warps compute NG units at once (group G the CTA's units k = G mod NG, with its own
+ * named barrier), so that more warps per SM hide the decode's latency while x is
+ * quantized once per CTA. Inside a unit each warp step is k_gateup4_q2_k's (rows r,
+ * r + 1 of gate and up, 8 lanes a row). TR % 4 == 0 keeps a tile a multiple of 16
+ * bytes for every dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
+template <int NW, int TR, int ST, int NG = 1>
+__global__ void __launch_bounds__(NG *NW * 32, 1)
+    k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint16_t *__restrict__ x,
+                      uint32_t dim, uint32_t inter, float limit,
+                      const __grid_constant__ sl_kscratch s)
+{
+    static_assert(ST % NG == 0, "stages are split evenly between the groups");
+    extern __shared__ int4 k_smem[];
+    int8_t *aq = (int8_t *)k_smem;             /* [dim + dim/8] padded codes */
+    float *ad = (float *)(aq + dim + dim / 8); /* [dim/32] */
+    int *as = (int *)(ad + dim / 32);          /* [dim/16 + dim/128] padded sums */
+    uint8_t *stage = (uint8_t *)k_smem + k_gu4_xbytes(dim);
+    const uint32_t rb = dim / 256 * 84, nb = dim / 256, sb = k_gut_stage(dim, TR);
+    uint64_t *bar = (uint64_t *)(stage + (size_t)ST * sb);
+    const uint32_t tpe = inter / TR, units = (uint32_t)tab.n * tpe, grid = gridDim.x;
+    const int lane = threadIdx.x & 31, grp = threadIdx.x / (NW * 32),
+              warp = (threadIdx.x >> 5) % NW;
+
+    auto issue = [&](uint32_t k) { /* the CTA's k-th unit into stage k % ST */
+                                   const uint32_t u = blockIdx.x + k * grid;
+                                   if (u >= units) return;
+                                   const uint32_t e = u / tpe, r0 = (u % tpe) * TR;
+                                   uint8_t *dst = stage + (size_t)(k % ST) * sb;
+                                   uint64_t *b = bar + k % ST;
+                                   k_mbar_expect(b, sb);
+                                   k_bulk(dst, tab.e[e].gate + (size_t)r0 * rb, TR * rb, b);
+                                   k_bulk(dst + TR * rb, tab.e[e].up + (size_t)r0 * rb, TR * rb, b);
+    };
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < ST; i++) k_mbar_init(bar + i, 1);
+        k_mbar_fence_init();
+        for (int i = 0; i < ST; i++) issue((uint32_t)i);
+    }
+    k_pdl_wait();
+    k_pdl_go();
+    k_quant_x<NG * NW, true>(x, dim, aq, ad, as);
+    __syncthreads();
+
+    const int t = lane >> 3, n = lane & 7;
+    for (uint32_t k = grp; blockIdx.x + k * grid < units; k += NG) {
+        const uint32_t u = blockIdx.x + k * grid, e = u / tpe, r0 = (u % tpe) * TR;
+        k_mbar_wait(bar + k % ST, (k / ST) & 1);
+        const uint8_t *st = stage + (size_t)(k % ST) * sb;
+        for (int p = warp; p < TR / 2; p += NW) {
+            const uint8_t *row = st + (t & 1) * TR * rb + (2 * p + (t >> 1)) * rb;
+            float a[4];
+            k_dot4_q2_k(row, aq, ad, as, nb, n & 1, n >> 1, a);
+            const float v = k_comb4(a);
+            const float o = __shfl_xor_sync(~0u, v, 8); /* gate lanes get their up */
+            if ((lane & 15) == 0)
+                s.h[(size_t)tab.e[e].slot * inter + r0 + 2 * p + (lane >> 4)] =
+                    sl_emu_swiglu(v, o, tab.e[e].w, limit);
+        }
+        if (NG == 1)
+            __syncthreads();
+        else /* the group's own barrier (id 0 is __syncthreads') */
+            asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "n"(NW * 32) : "memory");
+        if (threadIdx.x == grp * NW * 32) {
+            k_fence_proxy();
+            issue(k + ST);
+        }
+    }
+}
+
+inline size_t k_gateup_tma_smem(uint32_t dim, int tr, int st)
+{
+    return k_gu4_xbytes(dim) + (size_t)st * k_gut_stage(dim, tr) + 8 * (size_t)st;
+}
+
+/* The four accumulators (groups 4j + s of every block, in increasing b) of lane j of
+ * one Q3_K row (2 lanes a row; row 2-byte aligned in shared memory; the activation
+ * read through L1). Each qs and hmask word is read once for its 4 shifts. The f32
+ * order is sl_emu_dot_q3_k's: the 8-lane butterfly's xor 4 is the exchange between
+ * the two lanes, its xor 2 and 1 are (t0 + t2) + (t1 + t3) inside (k_comb2). */
+__device__ __forceinline__ void k_dot4_q3_k(const uint8_t *row, const int8_t *__restrict__ aq,
+                                            const float *__restrict__ ad, uint32_t nb, int j,
+                                            float (&acc)[4])
+{
+#pragma unroll
+    for (int s = 0; s < 4; s++) acc[s] = 0.0f;
+    for (uint32_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + 110 * b;
+        uint32_t hm[8], qw[8], sw[3];
+        k_ld8(blk, hm);
+        k_ld8(blk + 32 + 32 * j, qw);
+        k_ld3(blk + 96, sw);
+#pragma unroll
+        for (int w = 0; w < 8; w++) hm[w] = ~hm[w] >> (4 * j); /* bit s: group 4j+s is low */
+        const float d = k_half(blk + 108);
+        const float4 d8a = __ldg((const float4 *)(ad + 8 * b + 4 * j));
+        const float d8[4] = {d8a.x, d8a.y, d8a.z, d8a.w};
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            const int4 *aw = (const int4 *)(aq + 256 * b + 32 * (4 * j + s));
+            const int4 a0 = __ldg(aw), a1 = __ldg(aw + 1);
+            const int av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            int c0 = 0, c1 = 0;
+#pragma unroll
+            for (int w = 0; w < 8; w++) {
+                const uint32_t lo = (qw[w] >> (2 * s)) & 0x03030303u;
+                const uint32_t nh = (hm[w] >> s) & 0x01010101u;
+                const int code = (int)(lo + nh * 0xFCu); /* bytes low - 4*(1 - hbit) */
+                if (w < 4)
+                    c0 = __dp4a(code, av[w], c0);
+                else
+                    c1 = __dp4a(code, av[w], c1);
+            }
+            /* scales k = 8j + 2s and k + 1: low nibbles in byte 2s (+1) at bit 4j, high
+             * pairs in byte 8 + (2s & 3) (+1) at bit 2 * (2j + s/2) */
+            const uint32_t lob = (sw[s >> 1] >> (16 * (s & 1) + 4 * j)) & 0x0F0Fu;
+            const uint32_t hib = (sw[2] >> (8 * ((2 * s) & 3) + 2 * (2 * j + (s >> 1)))) & 0x0303u;
+            const uint32_t sc = lob | hib << 4;
+            const int s0 = (int)(sc & 63) - 32, s1 = (int)((sc >> 8) & 63) - 32;
+            const float p = sl_emu_mul(d, k_i2f(s0 * c0 + s1 * c1));
+            acc[s] = sl_emu_fma(d8[s], p, acc[s]);
+        }
+    }
+}
+
+/* The 8-lane butterfly of sl_emu_dot_q3_k over the 2 lanes (xor 1) of a row holding
+ * 4 accumulators each; both lanes end with the sum. */
+__device__ __forceinline__ float k_comb2(float (&a)[4])
+{
+#pragma unroll
+    for (int s = 0; s < 4; s++) a[s] = sl_emu_add(a[s], __shfl_xor_sync(~0u, a[s], 1));
+    return sl_emu_add(sl_emu_add(a[0], a[2]), sl_emu_add(a[1], a[3]));
+}
+
+/* Down (Q3_K) of every expert of the table and their sum, one CTA per tile of TD
+ * output rows: thread 0 queues the tile's rows of every expert at once (one stage
+ * and mbarrier per expert), LPR lanes a row compute them (LPR 8: k_dot_q3_k, LPR 2:
+ * k_dot4_q3_k; a group of TD*LPR threads per expert), the bf16-rounded outputs meet
+ * in shared memory and TD threads add them in table order (increasing expert id),
+ * then `extra`. blockDim = n*TD*LPR rounded up to 32. TD % 8 == 0 keeps a tile a
+ * multiple of 16 bytes for every inter % 256 == 0. */
+template <int LPR, int TD>
+__global__ void __launch_bounds__(SL_GPU_MAX_USED *TD *LPR)
+    k_down_tma_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
+                    const float *__restrict__ hd, uint32_t dim, uint32_t inter,
+                    const float *__restrict__ extra, float *__restrict__ out_f32,
+                    uint16_t *__restrict__ out_bf16)
+{
+    extern __shared__ int4 k_smem[];
+    __shared__ float ys[SL_GPU_MAX_USED][TD];
+    __shared__ uint64_t bar[SL_GPU_MAX_USED];
+    const uint32_t rb = inter / 256 * 110, nb = inter / 256, sb = TD * rb;
+    const int n = tab.n;
+    const uint32_t r0 = blockIdx.x * TD;
+    if (threadIdx.x == 0) {
+        for (int e = 0; e < n; e++) k_mbar_init(bar + e, 1);
+        k_mbar_fence_init();
+        for (int e = 0; e < n; e++) {
+            k_mbar_expect(bar + e, sb);
+            k_bulk((uint8_t *)k_smem + (size_t)e * sb, tab.e[e].down + (size_t)r0 * rb, sb,
+                   bar + e);
+        }
+    }
+    k_pdl_wait();
+    k_pdl_go();
+    __syncthreads(); /* the barriers are initialised */
+    const int grp = threadIdx.x / (TD * LPR), in = threadIdx.x % (TD * LPR);
+    const int e = grp < n ? grp : n - 1; /* idle lanes shadow the last expert */
+    const int r = in / LPR, sub = in % LPR;
+    k_mbar_wait(bar + e, 0);
+    const uint8_t *row = (const uint8_t *)k_smem + (size_t)e * sb + (size_t)r * rb;
+    const int8_t *aq = hq + (size_t)e * inter;
+    const float *adp = hd + (size_t)e * (inter / 32);
+    float a;
+    if (LPR == 8) {
+        a = k_butterfly(k_dot_q3_k(row, aq, adp, nb, sub), 4);
+    } else {
+        float acc[4];
+        k_dot4_q3_k(row, aq, adp, nb, sub, acc);
+        a = k_comb2(acc);
+    }
+    if (grp < n && sub == 0) ys[grp][r] = sl_emu_bf16_round(a);
+    __syncthreads();
+    if (threadIdx.x < TD) {
+        const uint32_t o = r0 + threadIdx.x;
+        float y = 0.0f;
+        for (int k = 0; k < n; k++) y = sl_emu_add(y, ys[k][threadIdx.x]);
+        if (extra) y = sl_emu_add(y, extra[o]);
+        if (out_f32) out_f32[o] = y;
+        if (out_bf16) out_bf16[o] = sl_emu_bf16_bits(y);
+    }
+}
+
+/* Threads and dynamic shared memory of k_down_tma_q3_k for n experts. */
+inline uint32_t k_down_tma_threads(int n, int lpr, int td)
+{
+    return ((uint32_t)(n * td * lpr) + 31) / 32 * 32;
+}
+inline size_t k_down_tma_smem(int n, uint32_t inter, int td)
+{
+    return (size_t)n * td * (inter / 256 * 110);
+}
+
+/* q8_1 of h as k_quant_h, for launches with programmatic dependent launch. */
+__global__ void k_quant_h_pdl(const __grid_constant__ sl_kscratch s, uint32_t groups)
+{
+    k_pdl_wait();
+    k_pdl_go();
+    const int lane = threadIdx.x & 31;
+    const uint32_t grp = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (grp >= groups) return;
+    float d;
+    const int q = k_q8_lane(s.h[(size_t)grp * 32 + lane], &d);
+    s.hq[(size_t)grp * 32 + lane] = (int8_t)q;
+    if (lane == 0) s.hd[grp] = d;
+}
+
+/* Launches kern<<<grid, block, smem, st>>>(args...), with programmatic stream
+ * serialization when pdl (the kernel then starts while the previous one drains and
+ * must call k_pdl_wait before touching what that one wrote). */
+template <typename... P, typename... A>
+inline cudaError_t k_launch(void (*kern)(P...), uint32_t grid, uint32_t block, size_t smem,
+                            cudaStream_t st, bool pdl, A &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kern, std::forward<A>(args)...);
 }
 
 /* q8_1 of the SwiGLU outputs h [groups*32] (one warp per block of 32), for gate/up
@@ -687,7 +1018,7 @@ __global__ void __launch_bounds__(NW * 32)
         float v = k_dot_bf16((const uint16_t *)tab.e[e].up + (size_t)r * dim, xf, dim, lane);
         g = k_butterfly(g, 16);
         v = k_butterfly(v, 16);
-        k_swiglu_out(g, v, tab.e[e].w, limit, e, r, inter, s, false, lane);
+        k_swiglu_out(g, v, tab.e[e].w, limit, (uint32_t)tab.e[e].slot, r, inter, s, false, lane);
     }
 }
 
@@ -766,5 +1097,37 @@ inline size_t k_down_smem(int nw, int maxv)
 }
 
 } /* namespace */
+
+/* The residual and the next layer's ffn_norm (sl_emu_residual_norm's arithmetic), one
+ * CTA of SL_EMU_NORM_LANES threads: thread j owns elements j, j + lanes, ... (it adds
+ * their squares in increasing i), the lanes' sums meet in a shared-memory tree in the
+ * emulation's pairing. y or w may be NULL (no residual; no norm). */
+static __global__ void __launch_bounds__(SL_EMU_NORM_LANES)
+    k_residual_norm(uint16_t *h, const uint16_t *y, const float *w, float eps, uint32_t dim,
+                    uint16_t *x)
+{
+    __shared__ float s[SL_EMU_NORM_LANES];
+    const uint32_t j = threadIdx.x;
+    float acc = 0.0f;
+    for (uint32_t i = j; i < dim; i += SL_EMU_NORM_LANES) {
+        uint16_t hb = h[i];
+        if (y) {
+            hb = sl_emu_bf16_bits(sl_emu_add(sl_emu_bf16_to_f32(hb), sl_emu_bf16_to_f32(y[i])));
+            h[i] = hb;
+        }
+        float v = sl_emu_bf16_to_f32(hb);
+        acc = sl_emu_add(acc, sl_emu_mul(v, v));
+    }
+    if (!w) return;
+    s[j] = acc;
+    __syncthreads();
+    for (uint32_t off = SL_EMU_NORM_LANES / 2; off; off >>= 1) {
+        if (j < off) s[j] = sl_emu_add(s[j], s[j + off]);
+        __syncthreads();
+    }
+    const float r = sl_emu_div(1.0f, sl_emu_sqrt(sl_emu_add(sl_emu_div(s[0], (float)dim), eps)));
+    for (uint32_t i = j; i < dim; i += SL_EMU_NORM_LANES)
+        x[i] = sl_emu_bf16_bits(sl_emu_mul(w[i], sl_emu_mul(sl_emu_bf16_to_f32(h[i]), r)));
+}
 
 #endif

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "moe_emu.h"
@@ -303,4 +304,46 @@ Test(moe_emu, rejects_bad_shapes)
     cr_assert_eq(sl_emu_moe(&L.s, L.x, &L.route, L.w, NULL, out, NULL, NULL, &err),
                  SL_EUNSUPPORTED);
     free_layer(&L);
+}
+
+/* Residual + ffn_norm: against f64 math (the only roundings are the f32 steps and the
+ * final bf16, so x is within one bf16 ulp plus a few f32 ulps), the residual exact,
+ * and the sum order the one documented (a permutation of h within a lane's stride
+ * class changes nothing; the lanes' tree is fixed). */
+Test(moe_emu, residual_norm_against_f64)
+{
+    const uint32_t dim = 5120;
+    uint16_t *h = rand_bf16(dim, 3.0f), *y = rand_bf16(dim, 1.0f), *x = malloc(dim * 2);
+    uint16_t *h0 = malloc(dim * 2);
+    float *w = malloc(dim * sizeof(float));
+    for (uint32_t i = 0; i < dim; i++) w[i] = 0.75f + 0.001f * (float)(i % 100);
+    memcpy(h0, h, dim * 2);
+    sl_emu_residual_norm(dim, h, y, w, 1e-6f, x);
+    double ss = 0;
+    for (uint32_t i = 0; i < dim; i++) {
+        float sum = sl_bf16_to_f32(h0[i]) + sl_bf16_to_f32(y[i]);
+        cr_assert_eq(h[i], sl_f32_to_bf16(sum), "residual %u", i);
+        ss += (double)sl_bf16_to_f32(h[i]) * sl_bf16_to_f32(h[i]);
+    }
+    double r = 1.0 / sqrt(ss / dim + 1e-6);
+    for (uint32_t i = 0; i < dim; i++) {
+        double want = (double)w[i] * sl_bf16_to_f32(h[i]) * r, got = sl_bf16_to_f32(x[i]);
+        cr_assert_leq(fabs(got - want), fabs(want) * (1.0 / 256 + 1e-5) + 1e-30, "x[%u] %g vs %g",
+                      i, got, want);
+    }
+    /* Without y: h untouched; without w: x untouched. */
+    uint16_t *x2 = malloc(dim * 2);
+    memcpy(h0, h, dim * 2);
+    memset(x2, 0xAB, dim * 2);
+    sl_emu_residual_norm(dim, h, NULL, NULL, 1e-6f, x2);
+    cr_assert_eq(memcmp(h, h0, dim * 2), 0);
+    cr_assert_eq(x2[0], 0xABAB);
+    sl_emu_residual_norm(dim, h, NULL, w, 1e-6f, x2);
+    cr_assert_eq(memcmp(x2, x, dim * 2), 0, "the norm alone gives the same x");
+    free(h);
+    free(y);
+    free(x);
+    free(x2);
+    free(h0);
+    free(w);
 }

@@ -8,7 +8,7 @@
  * time of a whole all-hit MoE layer through compute/gpu.h (shared expert on the side
  * stream, router GEMV with its download, host top-6, routed experts).
  *
- * usage: bench-moe [-o FILE.md] [--pool N] [--iters N]
+ * usage: bench-moe [-o FILE.md] [--pool N] [--iters N] [--zc-all]
  */
 #include <fcntl.h>
 #include <math.h>
@@ -33,6 +33,7 @@ typedef struct opts {
     const char *out; /* markdown table file, or NULL */
     int pool;        /* experts resident in device memory (sets rotate through them) */
     int iters;
+    int zc_all; /* zero-copy: every variant (else the shipped ones for mapped memory) */
 } opts;
 
 static uint64_t rng = 0x1234567887654321ULL;
@@ -114,7 +115,7 @@ static void say(const char *fmt, ...)
 
 int main(int argc, char **argv)
 {
-    opts o = {NULL, 36, 200};
+    opts o = {NULL, 36, 200, 0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc)
             o.out = argv[++i];
@@ -122,8 +123,10 @@ int main(int argc, char **argv)
             o.pool = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             o.iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--zc-all"))
+            o.zc_all = 1;
         else {
-            printf("usage: bench-moe [-o FILE.md] [--pool N (36)] [--iters N (200)]\n");
+            printf("usage: bench-moe [-o FILE.md] [--pool N (36)] [--iters N (200)] [--zc-all]\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -207,6 +210,11 @@ int main(int argc, char **argv)
             sets[k].down[j] = p + 2 * bg;
             sets[k].w[j] = 0.25f + 0.05f * j;
         }
+    double own = 0;
+    if (mb_read_sets(sets, nsets, NUSED, bg, bd, o.iters, &own, msg)) DIE("%s", msg);
+    say("Read ceiling at the problem's size (the same int4 read, one launch per token over its 6 "
+        "experts, rotating the pool): **%.0f GB/s** (%.1f us per token)\n\n",
+        own, token_bytes / own / 1e3);
     mb_io io = {.dim = DIM, .inter = INTER, .n = NUSED};
     void *t;
     if (sl_gpu_malloc(c, &t, DIM * 2, &err) || sl_gpu_upload(c, t, xh, DIM * 2, &err))
@@ -239,9 +247,9 @@ int main(int argc, char **argv)
 
     say("## Routed experts, one token (6 experts, %.2f MB), weights in device memory\n\n",
         token_bytes / 1e6);
-    say("| variant | gate/up us | GB/s | down us | GB/s | both us | GB/s | x ceiling | vs "
-        "emulation |\n");
-    say("|---|---|---|---|---|---|---|---|---|\n");
+    say("| variant | gate/up us | GB/s | down us | GB/s | both us | GB/s | x ceiling | x own-size "
+        "| vs emulation |\n");
+    say("|---|---|---|---|---|---|---|---|---|---|\n");
     for (int v = 0; v < mb_variant_count(); v++) {
         double us[3];
         for (int w = 0; w < 3; w++) {
@@ -251,9 +259,10 @@ int main(int argc, char **argv)
         if (sl_gpu_download(c, got, io.out_f32, sizeof got, &err)) DIE("%s", err.msg);
         const int exact = !memcmp(got, want, sizeof got);
         const double gu_b = (double)NUSED * 2 * bg, dn_b = (double)NUSED * bd;
-        say("| %s | %.1f | %.0f | %.1f | %.0f | %.1f | %.0f | %.3f | %s |\n", mb_variant_name(v),
-            us[0], gu_b / us[0] / 1e3, us[1], dn_b / us[1] / 1e3, us[2], token_bytes / us[2] / 1e3,
-            token_bytes / us[2] / 1e3 / hbm, exact ? "bit-exact" : "DIFFERS");
+        say("| %s | %.1f | %.0f | %.1f | %.0f | %.1f | %.0f | %.3f | %.3f | %s |\n",
+            mb_variant_name(v), us[0], gu_b / us[0] / 1e3, us[1], dn_b / us[1] / 1e3, us[2],
+            token_bytes / us[2] / 1e3, token_bytes / us[2] / 1e3 / hbm,
+            token_bytes / us[2] / 1e3 / own, exact ? "bit-exact" : "DIFFERS");
     }
     say("\n(ggml-cuda MUL_MAT_ID, same token: 127 us, 606 GB/s.)\n\n");
 
@@ -289,7 +298,8 @@ int main(int argc, char **argv)
             zb / 1e6);
         say("| path | GB/s | x ceiling | vs emulation |\n|---|---|---|---|\n");
         say("| int4 read kernel over the mapping (ceiling) | %.1f | 1.000 | |\n", zc);
-        for (int v = 0; v < 2; v++) { /* variant 0 (compute/) and 1 (run 5) */
+        const int nzv = o.zc_all ? mb_variant_count() : 1;
+        for (int v = 0; v < nzv; v++) { /* variant 0: compute/'s kernels for mapped weights */
             double us = 0;
             if (mb_variant_time(v, &io, zs, 2, 6, 0, &us, msg)) DIE("%s", msg);
             if (sl_gpu_download(c, got, io.out_f32, sizeof got, &err)) DIE("%s", err.msg);
@@ -318,50 +328,74 @@ int main(int argc, char **argv)
         float logits[384];
         const int it_n = o.iters * 2;
         double *lat = malloc(sizeof(double) * it_n), *lr = malloc(sizeof(double) * it_n);
-        for (int it = -10; it < it_n; it++) {
-            const double t0 = now_us();
-            if (sl_gpu_moe_shared(c, io.x, &sh, &err)) DIE("%s", err.msg);
-            if (sl_gpu_router_logits(c, io.x, rwd, logits, &err)) DIE("%s", err.msg);
-            const double t1 = now_us();
-            sl_moe_route r;
-            memset(&r, 0, sizeof r);
-            int used[384] = {0};
-            float sum = 0;
-            for (int k = 0; k < NUSED; k++) { /* plain top-6 of the logits */
-                int best = -1;
-                for (int e = 0; e < 384; e++)
-                    if (!used[e] && (best < 0 || logits[e] > logits[best])) best = e;
-                used[best] = 1;
-                r.expert[k] = (uint32_t)best;
-                r.weight[k] = 1.0f + 0.01f * k;
-                sum += r.weight[k];
-            }
-            sl_moe_expert_w w[NUSED];
-            for (int k = 0; k < NUSED; k++) {
-                r.weight[k] *= 1.5f / sum;
-                /* a different pool expert each step (all hits, none in L2) */
-                const uint8_t *p = dev[((it + 10) * NUSED + k) % (np - 1)];
-                w[k] = (sl_moe_expert_w){p, p + bg, p + 2 * bg};
-            }
-            if (sl_gpu_moe_routed(c, io.x, &r, w, out, NULL, &err)) DIE("%s", err.msg);
-            if (sl_gpu_sync(c, &err)) DIE("%s", err.msg);
-            const double t2 = now_us();
-            if (it >= 0) {
-                lat[it] = t2 - t0;
-                lr[it] = t1 - t0;
-            }
-        }
-        qsort(lat, it_n, sizeof *lat, cmp_d);
-        qsort(lr, it_n, sizeof *lr, cmp_d);
+        double *lx = malloc(sizeof(double) * it_n);
         say("## Whole MoE layer, all hits, through compute/gpu.h (%d tokens, host wall clock)\n\n",
             it_n);
         say("shared expert (Q2_K/Q2_K/Q3_K) queued on the side stream, router GEMV (384 x 5120 "
-            "bf16) with its download and a host top-6, then the routed experts and the sync.\n\n");
-        say("| | median us | p10 us | p90 us |\n|---|---|---|---|\n");
-        say("| router + download (shared running beside it) | %.1f | %.1f | %.1f |\n", lr[it_n / 2],
-            lr[it_n / 10], lr[it_n * 9 / 10]);
-        say("| whole layer | **%.1f** | %.1f | %.1f |\n\n", lat[it_n / 2], lat[it_n / 10],
-            lat[it_n * 9 / 10]);
+            "bf16) with its download and a host top-6, then the routed experts and the sync. "
+            "Split: sl_gpu_moe_begin, part(ranks 0-2), part(ranks 3-5), finish.\n\n");
+        say("| | router + download us (p10, p90) | routed + sync us | whole layer us (p10, p90) "
+            "|\n|---|---|---|---|\n");
+        for (int split = 0; split < 2; split++) {
+            for (int it = -10; it < it_n; it++) {
+                const double t0 = now_us();
+                if (sl_gpu_moe_shared(c, io.x, &sh, &err)) DIE("%s", err.msg);
+                if (sl_gpu_router_logits(c, io.x, rwd, logits, &err)) DIE("%s", err.msg);
+                const double t1 = now_us();
+                sl_moe_route r;
+                memset(&r, 0, sizeof r);
+                int used[384] = {0};
+                float sum = 0;
+                for (int k = 0; k < NUSED; k++) { /* plain top-6 of the logits */
+                    int best = -1;
+                    for (int e = 0; e < 384; e++)
+                        if (!used[e] && (best < 0 || logits[e] > logits[best])) best = e;
+                    used[best] = 1;
+                    r.expert[k] = (uint32_t)best;
+                    r.weight[k] = 1.0f + 0.01f * k;
+                    sum += r.weight[k];
+                }
+                sl_moe_expert_w w[NUSED];
+                for (int k = 0; k < NUSED; k++) {
+                    r.weight[k] *= 1.5f / sum;
+                    /* a different pool expert each step (all hits, none in L2) */
+                    const uint8_t *p = dev[((it + 10) * NUSED + k) % (np - 1)];
+                    w[k] = (sl_moe_expert_w){p, p + bg, p + 2 * bg};
+                }
+                if (split) {
+                    const uint32_t lo[3] = {0, 1, 2}, hi[3] = {5, 3, 4};
+                    if (sl_gpu_moe_begin(c, io.x, &r, &err) || sl_gpu_moe_part(c, lo, 3, w, &err) ||
+                        sl_gpu_moe_part(c, hi, 3, w, &err) || sl_gpu_moe_finish(c, out, NULL, &err))
+                        DIE("%s", err.msg);
+                } else if (sl_gpu_moe_routed(c, io.x, &r, w, out, NULL, &err))
+                    DIE("%s", err.msg);
+                if (sl_gpu_sync(c, &err)) DIE("%s", err.msg);
+                const double t2 = now_us();
+                if (it >= 0) {
+                    lat[it] = t2 - t0;
+                    lr[it] = t1 - t0;
+                    lx[it] = t2 - t1;
+                }
+            }
+            qsort(lat, it_n, sizeof *lat, cmp_d);
+            qsort(lr, it_n, sizeof *lr, cmp_d);
+            qsort(lx, it_n, sizeof *lx, cmp_d);
+            say("| %s | %.1f (%.1f, %.1f) | %.1f | **%.1f** (%.1f, %.1f) |\n",
+                split ? "begin + 2 parts + finish" : "sl_gpu_moe_routed", lr[it_n / 2],
+                lr[it_n / 10], lr[it_n * 9 / 10], lx[it_n / 2], lat[it_n / 2], lat[it_n / 10],
+                lat[it_n * 9 / 10]);
+        }
+        say("\n");
+        /* what the per-expert placement check of sl_gpu_moe_part costs */
+        const void *probe[2] = {dev[0], host};
+        for (int i = 0; i < 2; i++) {
+            const double p0 = now_us();
+            const int kind = mb_ptr_kind(probe[i], 1000);
+            say("Placement lookup (cudaPointerGetAttributes) of a %s pointer: %.3f us (type "
+                "%d)\n\n",
+                i ? "plain host" : "device", (now_us() - p0) / 1000, kind);
+        }
+        free(lx);
         free(rw);
         free(lat);
         free(lr);

@@ -30,6 +30,14 @@ typedef struct mb_io {
 /* GB/s of a plain 16-byte read kernel over buf (device or mapped host memory). */
 int mb_read_ceiling(const void *buf, size_t bytes, int iters, double *gbps, char *msg);
 
+/* GB/s of the same read over one token's experts (sets[i]: n experts, gate and up of
+ * gate_bytes, down of down_bytes), one launch per token, rotating the sets. */
+int mb_read_sets(const mb_set *sets, int nsets, int n, size_t gate_bytes, size_t down_bytes,
+                 int iters, double *gbps, char *msg);
+
+/* cudaPointerGetAttributes(p) done n times (for timing); returns its memory type. */
+int mb_ptr_kind(const void *p, int n);
+
 int mb_variant_count(void);
 const char *mb_variant_name(int v);
 

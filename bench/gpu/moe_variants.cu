@@ -1,9 +1,9 @@
-/* moe_variants.cu - the sandbox of bench/gpu/moe: read-ceiling kernel and the MoE
- * kernel variants (instantiations of compute/moe_kern.cuh: gate/up with 4 rows per warp
- * and cp.async stages or the run-4 one row pair per warp, warps per CTA, prefetch,
- * fused or separate q8_1 of h, down tiles per CTA), each timed with CUDA events
- * on rotating expert sets so that L2 never holds the weights. Variant 0 is the configuration
- * compute/moe.cu ships; variant 1 is run 5's fastest gate/up.
+/* moe_variants.cu - the sandbox of bench/gpu/moe: read-ceiling kernels and the MoE
+ * kernel variants (instantiations of compute/moe_kern.cuh: bulk-copy gate/up and down
+ * with their stage shapes, programmatic dependent launch on or off, and the
+ * register-staged kernels of runs 4 and 5), each timed with CUDA events on rotating
+ * expert sets so that L2 never holds the weights. Variant 0 is what compute/moe.cu
+ * ships for weights in mapped host memory, variant 1 what it ships for device memory.
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -67,23 +67,79 @@ extern "C" int mb_read_ceiling(const void *buf, size_t bytes, int iters, double 
     return 0;
 }
 
+/* Read ceiling at the problem's own size: one launch reads one token's experts (gate
+ * and up of cg 16-byte chunks, down of cd) with the int4 loop, rotating the sets. */
+__global__ void k_read_set(const __grid_constant__ mb_set set, int n, size_t cg, size_t cd,
+                           int *sink)
+{
+    int acc = 0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x, per = 2 * cg + cd, total = per * n;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const int e = (int)(i / per);
+        const size_t off = i % per;
+        const int4 *p = off < cg       ? (const int4 *)set.gate[e] + off
+                        : off < 2 * cg ? (const int4 *)set.up[e] + (off - cg)
+                                       : (const int4 *)set.down[e] + (off - 2 * cg);
+        const int4 a = __ldcs(p);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (acc == 0x7fedcba9) *sink = acc;
+}
+
+extern "C" int mb_read_sets(const mb_set *sets, int nsets, int n, size_t gate_bytes,
+                            size_t down_bytes, int iters, double *gbps, char *msg)
+{
+    int dev = 0, n_sm = 0;
+    CKB(cudaGetDevice(&dev));
+    CKB(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    int *sink;
+    CKB(cudaMalloc(&sink, 4));
+    cudaEvent_t a, b;
+    CKB(cudaEventCreate(&a));
+    CKB(cudaEventCreate(&b));
+    const size_t cg = gate_bytes / 16, cd = down_bytes / 16;
+    k_read_set<<<n_sm * 8, 256>>>(sets[0], n, cg, cd, sink);
+    CKB(cudaEventRecord(a));
+    for (int it = 0; it < iters; it++)
+        k_read_set<<<n_sm * 8, 256>>>(sets[(it + 1) % nsets], n, cg, cd, sink);
+    CKB(cudaGetLastError());
+    CKB(cudaEventRecord(b));
+    CKB(cudaEventSynchronize(b));
+    float ms;
+    CKB(cudaEventElapsedTime(&ms, a, b));
+    *gbps = (double)((2 * cg + cd) * 16 * n) * iters / (ms * 1e-3) / 1e9;
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaFree(sink);
+    return 0;
+}
+
+extern "C" int mb_ptr_kind(const void *p, int n)
+{
+    cudaPointerAttributes a;
+    memset(&a, 0, sizeof a);
+    for (int i = 0; i < n; i++)
+        if (cudaPointerGetAttributes(&a, p) != cudaSuccess) (void)cudaGetLastError();
+    return (int)a.type;
+}
+
+enum { G_RUN4, G_4P, G_T8_16_3, G_T8_16_4, G_T8x2_16_4, G_T4x4_8_8, G_T8x3_16_3 };
+enum { D_RUN4, D_T2_8, D_T8_8, D_T8_16 };
+
 struct variant {
     const char *name;
-    int gu4_st; /* > 0: k_gateup4_q2_k (4 rows per warp, cp.async) with this many stages */
-    int gu_nw, gu_minb;
-    bool gu_pf, fuseq; /* fuseq: q8_1 of h fused in gate/up (fence + atomic per row) */
-    int down; /* 1: persistent k_down_q3_k (4 warps, prefetch); k_down2_q3_k with T = 2: 2, 3: 1, 4:
-                 4 */
+    int gu, dn;
+    bool pdl; /* programmatic dependent launch between the bulk-copy kernels */
 };
 
 static const variant variants[] = {
-    {"gu8pf + quant_h + down2 T1 (compute)", 0, 8, 1, true, false, 3},
-    {"gu4p NW8 ST2 + quant_h + down2 T1 (run 5)", 2, 8, 1, true, false, 3},
-    {"gu4p NW4 ST2 + quant_h + down2 T1", 2, 4, 1, true, false, 3},
-    {"gu4p NW4 ST3 + quant_h + down2 T1", 3, 4, 1, true, false, 3},
-    {"gu4p NW2 ST2 + quant_h + down2 T1", 2, 2, 1, true, false, 3},
-    {"gu8pf + quant_h + down2 T2", 0, 8, 1, true, false, 2},
-    {"gu8pf fused-q + down2 T2", 0, 8, 1, true, true, 2},
+    {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
+    {"gt 2x NW8 TR16 ST4 + dt LPR8 TD8, PDL (compute, device weights)", G_T8x2_16_4, D_T8_8, true},
+    {"gt 2x NW8 TR16 ST4 + dt LPR8 TD8, no PDL", G_T8x2_16_4, D_T8_8, false},
+    {"gt 4x NW4 TR8 ST8 + dt LPR8 TD8, PDL", G_T4x4_8_8, D_T8_8, true},
+    {"gt 3x NW8 TR16 ST3 + dt LPR8 TD8, PDL", G_T8x3_16_3, D_T8_8, true},
+    {"gt 1x NW8 TR16 ST3 + dt LPR8 TD16, PDL", G_T8_16_3, D_T8_16, true},
+    {"gt 1x NW8 TR16 ST4 + dt LPR2 TD8, PDL", G_T8_16_4, D_T2_8, true},
 };
 
 extern "C" int mb_variant_count(void)
@@ -94,6 +150,56 @@ extern "C" int mb_variant_count(void)
 extern "C" const char *mb_variant_name(int v)
 {
     return variants[v].name;
+}
+
+template <int NW, int TR, int ST, int NG = 1>
+static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
+                             bool pdl)
+{
+    const size_t smem = k_gateup_tma_smem(io->dim, TR, ST);
+    static int occ = 0; /* bench only: set once per instantiation */
+    if (!occ) {
+        cudaError_t rc =
+            cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc == cudaSuccess)
+            rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG>, NG * NW * 32, smem);
+        if (rc != cudaSuccess) return rc;
+        if (!occ) return cudaErrorInvalidConfiguration;
+        printf("  [gate/up tma %dx NW %d TR %d ST %d: %d CTAs/SM, smem %zu]\n", NG, NW, TR, ST, occ,
+               smem);
+    }
+    const uint32_t units = (uint32_t)tab.n * io->inter / TR;
+    uint32_t grid = (uint32_t)(occ * n_sm);
+    if (grid > units) grid = units;
+    cudaError_t rc = k_launch(k_gateup_tma_q2_k<NW, TR, ST, NG>, grid, NG * NW * 32, smem, 0, pdl,
+                              tab, io->x, io->dim, io->inter, 10.0f, s);
+    if (rc != cudaSuccess) return rc;
+    const uint32_t groups = (uint32_t)tab.n * io->inter / 32;
+    return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, 0, pdl, s, groups);
+}
+
+template <int LPR, int TD>
+static cudaError_t dt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, bool pdl)
+{
+    const size_t smem = k_down_tma_smem(tab.n, io->inter, TD);
+    static int set = 0;
+    if (!set) {
+        cudaError_t rc = cudaFuncSetAttribute(k_down_tma_q3_k<LPR, TD>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)k_down_tma_smem(8, io->inter, TD));
+        if (rc != cudaSuccess) return rc;
+        int occ = 0;
+        rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &occ, k_down_tma_q3_k<LPR, TD>, k_down_tma_threads(tab.n, LPR, TD), smem);
+        if (rc != cudaSuccess) return rc;
+        printf("  [down tma LPR %d TD %d: %d CTAs/SM, smem %zu]\n", LPR, TD, occ, smem);
+        set = 1;
+    }
+    return k_launch(k_down_tma_q3_k<LPR, TD>, io->dim / TD, k_down_tma_threads(tab.n, LPR, TD),
+                    smem, 0, pdl, tab, (const int8_t *)s.hq, (const float *)s.hd, io->dim,
+                    io->inter, (const float *)NULL, io->out_f32, io->out);
 }
 
 template <int NW, bool PF, bool FQ, int MINB>
@@ -163,27 +269,6 @@ static cudaError_t dn2_launch(const mb_io *io, const sl_ktab &tab, const sl_kscr
     return cudaGetLastError();
 }
 
-template <int NW, bool PF>
-static cudaError_t dn_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm)
-{
-    const size_t smem = k_down_smem(NW, 8);
-    static int occ = 0;
-    if (!occ) {
-        cudaError_t rc = cudaFuncSetAttribute(
-            k_down_q3_k<NW, 8, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
-        if (rc == cudaSuccess)
-            rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_down_q3_k<NW, 8, PF>,
-                                                               NW * 32, smem);
-        if (rc != cudaSuccess) return rc;
-        printf("  [down NW %d PF %d: %d CTAs/SM, smem %zu]\n", NW, (int)PF, occ, smem);
-    }
-    uint32_t grid = (io->dim / 4 + NW - 1) / NW;
-    if (grid > (uint32_t)(occ * n_sm)) grid = (uint32_t)(occ * n_sm);
-    k_down_q3_k<NW, 8, PF>
-        <<<grid, NW * 32, smem>>>(tab, s.hq, s.hd, io->dim, io->inter, NULL, io->out_f32, io->out);
-    return cudaGetLastError();
-}
-
 static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which, int n_sm)
 {
     sl_ktab tab;
@@ -194,38 +279,45 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         tab.e[k].up = (const uint8_t *)set->up[k];
         tab.e[k].down = (const uint8_t *)set->down[k];
         tab.e[k].w = set->w[k];
+        tab.e[k].slot = (int)k;
     }
     sl_kscratch s = {io->h, io->hq, io->hd, io->cnt};
     const variant &V = variants[v];
     cudaError_t rc = cudaSuccess;
     if (which != 2) {
-        if (V.gu4_st == 3)
-            rc = gu4_launch<4, 3>(io, tab, s, n_sm);
-        else if (V.gu4_st == 2 && V.gu_nw == 2)
-            rc = gu4_launch<2, 2>(io, tab, s, n_sm);
-        else if (V.gu4_st == 2 && V.gu_nw == 8)
+        switch (V.gu) {
+        case G_4P:
             rc = gu4_launch<8, 2>(io, tab, s, n_sm);
-        else if (V.gu4_st == 2)
-            rc = gu4_launch<4, 2>(io, tab, s, n_sm);
-        else if (V.gu_minb == 4)
-            rc = gu_launch<8, true, false, 4>(io, tab, s, n_sm);
-        else if (!V.gu_pf)
-            rc = gu_launch<8, false, false, 1>(io, tab, s, n_sm);
-        else if (V.fuseq)
-            rc = gu_launch<8, true, true, 1>(io, tab, s, n_sm);
-        else
+            break;
+        case G_T8_16_3:
+            rc = gt_launch<8, 16, 3>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T8_16_4:
+            rc = gt_launch<8, 16, 4>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T8x2_16_4:
+            rc = gt_launch<8, 16, 4, 2>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T4x4_8_8:
+            rc = gt_launch<4, 8, 8, 4>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T8x3_16_3:
+            rc = gt_launch<8, 16, 3, 3>(io, tab, s, n_sm, V.pdl);
+            break;
+        default:
             rc = gu_launch<8, true, false, 1>(io, tab, s, n_sm);
+        }
     }
     if (rc != cudaSuccess || which == 1) return rc;
-    switch (V.down) {
-    case 2:
-        return dn2_launch<2>(io, tab, s);
-    case 3:
-        return dn2_launch<1>(io, tab, s);
-    case 4:
-        return dn2_launch<4>(io, tab, s);
+    switch (V.dn) {
+    case D_T2_8:
+        return dt_launch<2, 8>(io, tab, s, V.pdl);
+    case D_T8_8:
+        return dt_launch<8, 8>(io, tab, s, V.pdl);
+    case D_T8_16:
+        return dt_launch<8, 16>(io, tab, s, V.pdl);
     default:
-        return dn_launch<4, true>(io, tab, s, n_sm);
+        return dn2_launch<1>(io, tab, s);
     }
 }
 

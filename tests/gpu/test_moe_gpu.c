@@ -9,8 +9,9 @@
  *    with the emulation (same operations in the same order on both sides);
  *  - vs the f32 reference (dequantized weights, unquantized activations): rms(diff)
  *    <= 2% of rms(ref), max |diff| <= 10% of max |ref| (the q8_1 error of x and h);
- *  - the output does not depend on the rank order of the experts or on whether their
- *    weights sit in device memory or in registered (zero-copy) host memory.
+ *  - the output does not depend on the rank order of the experts, on whether their
+ *    weights sit in device memory or in registered (zero-copy) host memory (bulk-copy
+ *    or register-staged kernels), or on how the hits-first split divided the ranks.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -107,6 +108,59 @@ Test(moe_gpu, q8_1_bit_exact)
     free(xf);
     free(want);
     free(got);
+}
+
+/* Residual + ffn_norm: kernel vs sl_emu_residual_norm, bit for bit, with and without
+ * the residual and the norm. */
+static void check_residual_norm(uint32_t dim)
+{
+    sl_moe_shape s = make_shape(dim, 256, 2, 0);
+    sl_err err = {0};
+    sl_gpu_ctx *c = NULL;
+    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    uint16_t *h = rand_bf16(dim, 4.0f), *y = rand_bf16(dim, 2.0f), *x = malloc(dim * 2);
+    uint16_t *gh = malloc(dim * 2), *gx = malloc(dim * 2);
+    float *w = malloc(dim * sizeof(float));
+    for (uint32_t i = 0; i < dim; i++) w[i] = 0.5f + sl_bf16_to_f32(y[(i * 7) % dim]) * 0.25f;
+    void *hd = to_dev(c, h, dim * 2), *yd = to_dev(c, y, dim * 2), *wd = to_dev(c, w, dim * 4);
+    void *xd = NULL;
+    cr_assert_eq(sl_gpu_malloc(c, &xd, dim * 2, &err), 0);
+    for (int mode = 0; mode < 3; mode++) { /* residual + norm, norm only, residual only */
+        const uint16_t *yy = mode == 1 ? NULL : y;
+        const float *ww = mode == 2 ? NULL : w;
+        poison_dev(c, xd, dim * 2);
+        cr_assert_eq(sl_gpu_residual_norm(c, hd, mode == 1 ? NULL : yd, mode == 2 ? NULL : wd,
+                                          1e-6f, xd, &err),
+                     0, "%s", err.msg);
+        sl_emu_residual_norm(dim, h, yy, ww, 1e-6f, x);
+        cr_assert_eq(sl_gpu_download(c, gh, hd, dim * 2, &err), 0, "%s", err.msg);
+        cr_assert_eq(memcmp(gh, h, dim * 2), 0, "dim %u mode %d: h differs", dim, mode);
+        if (ww) {
+            cr_assert_eq(sl_gpu_download(c, gx, xd, dim * 2, &err), 0, "%s", err.msg);
+            for (uint32_t i = 0; i < dim; i++)
+                cr_assert_eq(gx[i], x[i], "dim %u mode %d: x[%u] %04x vs %04x", dim, mode, i, gx[i],
+                             x[i]);
+        }
+    }
+    sl_gpu_free(c, hd);
+    sl_gpu_free(c, yd);
+    sl_gpu_free(c, wd);
+    sl_gpu_free(c, xd);
+    sl_gpu_close(&c);
+    free(h);
+    free(y);
+    free(x);
+    free(gh);
+    free(gx);
+    free(w);
+}
+
+Test(moe_gpu, residual_norm_bit_exact)
+{
+    NEED_GPU();
+    check_residual_norm(256);
+    check_residual_norm(5120);
+    check_residual_norm(12288);
 }
 
 static void check_router(uint32_t dim, float temp)
@@ -395,6 +449,117 @@ Test(moe_gpu, layer_real_dims_bf16_shared, .timeout = 500)
 {
     NEED_GPU();
     check_layer(5120, 2304, 6, 1);
+}
+
+/* The hits-first split: begin, parts of random subsets of the ranks in random order,
+ * finish. Each expert's weights sit in device or registered host memory at random (so
+ * one token mixes the bulk-copy and the register-staged kernels); the bytes must equal
+ * the one-shot sl_gpu_moe_routed's and the emulation's. */
+static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trials)
+{
+    layer L;
+    make_layer(&L, dim, inter, n_used, 0);
+    const sl_moe_shape *s = &L.s;
+    sl_err err = {0};
+    uint16_t *eout = malloc(dim * 2);
+    float *eyf = malloc(dim * 4);
+    cr_assert_eq(sl_emu_moe(s, L.x, &L.route, L.w, &L.sh, eout, eyf, NULL, &err), 0, "%s", err.msg);
+
+    sl_gpu_ctx *c = NULL;
+    cr_assert_eq(sl_gpu_open(&c, 0, s, &err), 0, "%s", err.msg);
+    void *keep[9][3];
+    int host[9];
+    sl_moe_expert_w w[8];
+    char where[16] = "";
+    for (uint32_t k = 0; k < n_used; k++) {
+        host[k] = (int)(rnd() & 1);
+        where[k] = host[k] ? 'h' : 'd';
+        w[k] = place(c, &L.w[k], s, 0, host[k], keep[k]);
+    }
+    host[8] = 0;
+    const sl_moe_expert_w sh = place(c, &L.sh, s, 0, 0, keep[8]);
+    void *xd = to_dev(c, L.x, dim * 2), *od = NULL, *fd = NULL;
+    cr_assert_eq(sl_gpu_malloc(c, &od, dim * 2, &err), 0);
+    cr_assert_eq(sl_gpu_malloc(c, &fd, dim * 4, &err), 0);
+    uint16_t *one = malloc(dim * 2), *got = malloc(dim * 2);
+    float *onef = malloc(dim * 4), *gotf = malloc(dim * 4);
+
+    poison_dev(c, od, dim * 2);
+    poison_dev(c, fd, dim * 4);
+    cr_assert_eq(sl_gpu_moe_shared(c, xd, &sh, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_moe_routed(c, xd, &L.route, w, od, fd, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_download(c, one, od, dim * 2, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_download(c, onef, fd, dim * 4, &err), 0, "%s", err.msg);
+    first_diff_f32("one-shot out_f32", onef, eyf, dim);
+    cr_assert_eq(memcmp(one, eout, dim * 2), 0, "one-shot bf16 output differs (placement %s)",
+                 where);
+
+    for (int t = 0; t < trials; t++) {
+        uint32_t ranks[8];
+        for (uint32_t k = 0; k < n_used; k++) ranks[k] = k;
+        for (uint32_t k = n_used; k > 1; k--) { /* Fisher-Yates */
+            const uint32_t j = (uint32_t)(rnd() % k), tmp = ranks[k - 1];
+            ranks[k - 1] = ranks[j];
+            ranks[j] = tmp;
+        }
+        /* w_by_rank with other ranks' entries garbage: part must ignore them */
+        poison_dev(c, od, dim * 2);
+        poison_dev(c, fd, dim * 4);
+        cr_assert_eq(sl_gpu_moe_shared(c, xd, &sh, &err), 0, "%s", err.msg);
+        cr_assert_eq(sl_gpu_moe_begin(c, xd, &L.route, &err), 0, "%s", err.msg);
+        char parts[64] = "";
+        for (uint32_t i = 0; i < n_used;) {
+            const uint32_t len = 1 + (uint32_t)(rnd() % (n_used - i));
+            sl_moe_expert_w wr[8];
+            memset(wr, 0xA5, sizeof wr);
+            for (uint32_t k = 0; k < len; k++) wr[ranks[i + k]] = w[ranks[i + k]];
+            cr_assert_eq(sl_gpu_moe_part(c, ranks + i, len, wr, &err), 0, "%s", err.msg);
+            snprintf(parts + strlen(parts), sizeof parts - strlen(parts), "%u@%u ", len, i);
+            i += len;
+        }
+        cr_assert_eq(sl_gpu_moe_finish(c, od, fd, &err), 0, "%s", err.msg);
+        cr_assert_eq(sl_gpu_download(c, got, od, dim * 2, &err), 0, "%s", err.msg);
+        cr_assert_eq(sl_gpu_download(c, gotf, fd, dim * 4, &err), 0, "%s", err.msg);
+        cr_assert_eq(memcmp(gotf, onef, dim * 4), 0, "split %s(placement %s): f32 differs", parts,
+                     where);
+        cr_assert_eq(memcmp(got, one, dim * 2), 0, "split %s(placement %s): bf16 differs", parts,
+                     where);
+    }
+
+    /* misuse: a rank twice, finish before every rank, part before begin */
+    const uint32_t r0 = 0;
+    cr_assert_eq(sl_gpu_moe_begin(c, xd, &L.route, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_moe_part(c, &r0, 1, w, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_moe_part(c, &r0, 1, w, &err), SL_EINVAL);
+    if (n_used > 1) cr_assert_eq(sl_gpu_moe_finish(c, od, fd, &err), SL_EINVAL);
+    const uint32_t bad = n_used;
+    cr_assert_eq(sl_gpu_moe_part(c, &bad, 1, w, &err), SL_EINVAL);
+    cr_assert_eq(sl_gpu_sync(c, &err), 0, "%s", err.msg);
+    printf("gpu split dim %u inter %u n %u placement %s: %d random splits bit-exact with the "
+           "one-shot call and the emulation\n",
+           dim, inter, n_used, where, trials);
+
+    for (uint32_t k = 0; k < n_used; k++) unplace(c, keep[k], host[k]);
+    unplace(c, keep[8], 0);
+    sl_gpu_free(c, xd);
+    sl_gpu_free(c, od);
+    sl_gpu_free(c, fd);
+    sl_gpu_close(&c);
+    free(one);
+    free(got);
+    free(onef);
+    free(gotf);
+    free(eout);
+    free(eyf);
+    free_layer(&L);
+}
+
+Test(moe_gpu, split_hits_first, .timeout = 500)
+{
+    NEED_GPU();
+    check_split(512, 256, 3, 6);
+    check_split(1280, 768, 8, 6);
+    check_split(5120, 2304, 6, 6);
 }
 
 Test(moe_gpu, rejects_bad_arguments)

@@ -1,0 +1,112 @@
+/* ceilings.c - `bench-ceilings`: the ceilings of every path an expert's bytes take,
+ * measured on this machine now, for `sluice-compute --ceilings` (byte floors) and
+ * for reading any benchmark figure against:
+ *
+ *   hbm   a kernel reading 2 GiB of device memory with 16-byte loads;
+ *   copy  cudaMemcpy from a registered POSIX shm mapping (what the arena is) to the GPU;
+ *   zc    a kernel reading that mapping in place (zero-copy);
+ *   disk  O_DIRECT preads of expert windows by 16 threads, straight from the shards.
+ *
+ * The last line of its output is the --ceilings argument, in GB/s.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "../disk_ceiling.h"
+#include "expert_map.h"
+#include "gguf.h"
+#include "gpu.h"
+
+static void die(const char *what, const sl_err *e)
+{
+    fprintf(stderr, "bench-ceilings: %s: %s\n", what, e ? e->msg : strerror(errno));
+    exit(1);
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *out_path = NULL;
+    uint32_t disk_experts = 256, threads = 16;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-m") && i + 1 < argc)
+            model = argv[++i];
+        else if (!strcmp(argv[i], "--disk-experts") && i + 1 < argc)
+            disk_experts = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-o") && i + 1 < argc)
+            out_path = argv[++i];
+        else {
+            fprintf(stderr, "usage: bench-ceilings -m FIRST_SHARD [--disk-experts N] [-o FILE]\n"
+                            "Measures the HBM, host->device copy, zero-copy and disk read "
+                            "ceilings;\nthe last line is sluice-compute's --ceilings argument.\n");
+            return 2;
+        }
+    }
+    if (!model) die("-m FIRST_SHARD is required", NULL);
+    sl_err err = {0};
+    int n_gpu = 0;
+    if (sl_gpu_device_count(&n_gpu, &err)) die("CUDA", &err);
+    if (!n_gpu) die("no GPU", NULL);
+    char desc[256];
+    if (sl_gpu_describe(0, desc, sizeof desc, &err)) die("describe", &err);
+
+    double hbm = 0, copy = 0, zc = 0;
+    if (sl_gpu_ceiling_hbm(0, 2ull << 30, &hbm, &err)) die("HBM ceiling", &err);
+
+    /* A registered shm mapping of 1 GiB, made like the fetcher's arena. */
+    size_t host_bytes = 1ull << 30;
+    char name[64];
+    snprintf(name, sizeof name, "/sluice-ceilings-%d", (int)getpid());
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) die("shm_open", NULL);
+    shm_unlink(name);
+    if (ftruncate(fd, (off_t)host_bytes) != 0) die("ftruncate", NULL);
+    void *host = mmap(NULL, host_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (host == MAP_FAILED) die("mmap", NULL);
+    memset(host, 1, host_bytes);
+    void *dev = NULL;
+    if (sl_gpu_host_register(host, host_bytes, &dev, &err)) die("register", &err);
+    unsigned sum = 0;
+    if (sl_gpu_ceiling_host(0, host, host_bytes, &copy, &zc, &sum, &err))
+        die("host ceilings", &err);
+    if (sum != sl_gpu_read_xor_cpu(host, host_bytes)) die("zero-copy read checksum mismatch", NULL);
+    sl_gpu_host_unregister(host, NULL);
+    munmap(host, host_bytes);
+
+    sl_gguf *g = NULL;
+    sl_expert_map *m = NULL;
+    if (sl_gguf_open(&g, model, &err)) die("open model", &err);
+    if (sl_expert_map_build(&m, g, SL_SLOT_ALIGN, &err)) die("expert map", &err);
+    uint32_t n_all = m->n_layer * m->n_expert;
+    if (disk_experts > n_all) disk_experts = n_all;
+    uint64_t disk_bytes = 0;
+    double disk = sl_bench_disk_ceiling(g, m, threads, 0, disk_experts, &disk_bytes);
+
+    FILE *out = out_path ? fopen(out_path, "w") : NULL;
+    FILE *fs[2] = {stdout, out};
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fs[k];
+        if (!f) continue;
+        fprintf(
+            f,
+            "\n%s\n\n| path | GB/s | how |\n|---|---|---|\n"
+            "| hbm | %.0f | kernel reading 2 GiB of device memory, 16-byte loads, best of 5 |\n"
+            "| copy | %.1f | cudaMemcpy from a registered 1 GiB POSIX shm mapping, best of 3 |\n"
+            "| zc | %.1f | kernel reading that mapping in place, best of 3 |\n"
+            "| disk | %.2f | O_DIRECT expert windows, %u threads, %u experts (%.2f GB) |\n\n",
+            desc, hbm / 1e9, copy / 1e9, zc / 1e9, disk / 1e9, threads, disk_experts,
+            (double)disk_bytes / 1e9);
+    }
+    if (out) fclose(out);
+    printf("--ceilings hbm=%.0f,copy=%.1f,zc=%.1f,disk=%.2f\n", hbm / 1e9, copy / 1e9, zc / 1e9,
+           disk / 1e9);
+    sl_expert_map_free(&m);
+    sl_gguf_close(&g);
+    return 0;
+}
