@@ -1,33 +1,58 @@
 #!/bin/sh
-# run-moe-e2e.sh - the compute process's GPU path end to end on a bench-L4 checkpoint
-# generated where it runs: one fetcher holding every expert, then sluice-compute runs
-# (cold from disk with kernels reading T1 in place, warm T1 zero-copy, warm with a
-# device tier T0 of all or half the experts, with the router's picks or synthetic
-# uniform / Zipf popularity). Prints each run's summary, extrapolated to 40 layers.
-# usage: bench/run-moe-e2e.sh BUILD_DIR [CHECKPOINT_DIR] [STEPS]
+# run-moe-e2e.sh - issue [4] point 7: sluice-compute's GPU path end to end on a bench-L4
+# checkpoint generated where it runs, each figure beside the byte floor of its tiers
+# computed from ceilings measured at the start of the same run (bench-ceilings).
+#
+#   (a) every expert in T0 (--t0-preload), (b) T0 of half the experts + T1 for the rest,
+#   steady state after --warmup steps, (c) a cold start from disk (fresh fetcher, empty
+#   arena); each with uniform routing and Zipf(1.0) popularity (compute.h); plus the
+#   warm zero-copy path (T1 read in place) for reference.
+#
+# usage: bench/run-moe-e2e.sh BUILD_DIR [CHECKPOINT_DIR] [STEPS] [WARMUP] [CPUS]
+# CPUS "A,B" pins the fetcher's and the compute process's serving threads (--cpu).
 set -eu
 build=$1
 dir=${2:-/tmp/sluice-bench-L4}
 steps=${3:-32}
+warm=${4:-64}
+cpus=${5:-}
 if ! ls "$dir"/sluice-bench-L4-00001-of-*.gguf >/dev/null 2>&1; then
     "$build/bin/sluice-synth" --preset bench-L4 --out "$dir" --shards 4 --seed 1 --quiet
 fi
 first=$(ls "$dir"/sluice-bench-L4-00001-of-*.gguf)
+ceilings=$("$build/bin/bench-ceilings" -m "$first" | tee /dev/stderr | tail -n 1)
+fpin=""
+cpin=""
+if [ -n "$cpus" ]; then
+    fpin="--cpu ${cpus%,*}"
+    cpin="--cpu ${cpus#*,}"
+fi
 ep="ipc:///tmp/sluice-e2e.sock"
-"$build/bin/sluice-fetcher" -m "$first" --endpoint "$ep" --arena-slots 1536 -q &
-fpid=$!
-trap 'kill $fpid 2>/dev/null || true' EXIT
+fpid=""
+start_fetcher() {
+    [ -z "$fpid" ] || { kill "$fpid"; wait "$fpid" 2>/dev/null || true; }
+    # shellcheck disable=SC2086
+    "$build/bin/sluice-fetcher" -m "$first" --endpoint "$ep" --arena-slots 1536 -q $fpin &
+    fpid=$!
+}
+trap '[ -z "$fpid" ] || kill $fpid 2>/dev/null || true' EXIT
 run() {
     echo "== $1"
     shift
-    "$build/bin/sluice-compute" -m "$first" --endpoint "$ep" -n "$steps" --seed 7 "$@" 2>&1 |
-        grep -v '^sluice-compute: .*layers, dim'
+    # shellcheck disable=SC2086
+    "$build/bin/sluice-compute" -m "$first" --endpoint "$ep" -n "$steps" --seed 7 --backend gpu \
+        $ceilings $cpin "$@" 2>&1 | grep -v '^  \(experts\|T1 host\|GPU  \|T0 dev\|GPU left\)' |
+        grep -v 'memory plan:\|layers, dim'
 }
-run "cold start (every expert read from disk once), GPU reads T1 in place" --backend gpu
-run "warm, all experts in T1, GPU reads T1 in place (zero-copy)" --backend gpu
-run "warm T1, device tier T0 of 1536 slots (all experts)" --backend gpu --t0-slots 1536
-run "warm T1, device tier T0 of 768 slots (half the experts)" --backend gpu --t0-slots 768
-run "warm T1, T0 of 768 slots, Zipf(1.0) routing" --backend gpu --t0-slots 768 --routing zipf:1.0
-run "warm T1, T0 of 768 slots, uniform routing" --backend gpu --t0-slots 768 --routing uniform
-kill $fpid
-wait $fpid 2>/dev/null || true
+for routing in uniform zipf:1.0; do
+    start_fetcher
+    run "(c) cold start from disk, T0 auto, routing $routing" --routing "$routing"
+done
+for routing in uniform zipf:1.0; do
+    run "(a) every expert in T0 (preloaded), routing $routing" --routing "$routing" \
+        --t0-slots 1536 --t0-preload --warmup 4
+    run "(b) T0 of 768 slots (50%) + T1, after $warm warm-up steps, routing $routing" \
+        --routing "$routing" --t0-slots 768 --warmup "$warm"
+    run "warm T1 read in place (zero-copy), routing $routing" --routing "$routing" --zero-copy \
+        --warmup 4
+done

@@ -50,7 +50,15 @@ typedef struct sl_compute_options {
     uint32_t timeout_ms;    /* --timeout: longest wait for one layer's experts */
     int backend;            /* enum sl_compute_backend (--backend) */
     uint32_t t0_slots;      /* --t0-slots: device expert slots (GPU); 0 = read T1 in place */
+    uint64_t t0_bytes;      /* --t0 SIZE: the device tier's budget in bytes instead */
+    int t0_given;           /* 1 when --t0 or --t0-slots was given; otherwise the tier is
+                               sized automatically: none on a GPU that shares the host's
+                               memory, else free device memory less a reserve */
+    int t0_preload;         /* --t0-preload: fill the device tier before the first step */
     int zero_copy;          /* --zero-copy: no T0 even on a discrete GPU */
+    uint32_t warmup;        /* --warmup N: steps run before the counters and clocks start */
+    double ceiling_gbs[4];  /* --ceilings: GB/s of HBM reads, host->device copies, zero-copy
+                               reads and the disk (0 = not known), for the byte floors */
     int routing;            /* --routing: enum sl_compute_routing */
     float zipf_s;           /* --routing zipf:S exponent (default 1.0) */
     int prefetch;           /* --prefetch: the next layer's router on this layer's input

@@ -44,6 +44,7 @@ typedef struct layer_w {
     void *shared[3];     /* shared expert gate/up/down raw blocks */
     sl_moe_layer_w moe;  /* views of the above */
     void *router_dev;    /* GPU: [n_expert][dim] bf16 */
+    float *ffn_norm_dev; /* GPU: [dim] f32 */
     void *shared_dev[3]; /* GPU: the shared expert's blocks */
     sl_moe_expert_w shared_w_dev;
 } layer_w;
@@ -60,8 +61,26 @@ typedef struct t0_tier {
     uint8_t *in_use;   /* [n_slot] 1 while the current layer uses it */
 } t0_tier;
 
+/* What the start-up memory plan prints (bytes). */
+typedef struct plan {
+    uint64_t gpu_total, gpu_free; /* device memory, and free after the resident weights */
+    uint64_t resident;            /* routers and shared experts of every layer */
+    const char *t0_why;           /* how the device tier was sized */
+} plan;
+
+/* Device memory the automatic device tier leaves free: the larger of this and 5%. */
+#define T0_RESERVE_BYTES (2ull << 30)
+
+/* The parts of a layer, timed separately so that the summary shows where the fixed
+ * per-layer cost goes. */
+enum { SUB_NORM, SUB_SHARED, SUB_ROUTER, SUB_SELECT, SUB_GATHER, SUB_FINISH, SUB_RESIDUAL, N_SUB };
+static const char *const sub_names[N_SUB] = {
+    "residual + ffn_norm", "queue shared expert", "router + logits (waits for the GPU)", "top-k",
+    "gather + launches",   "queue down + sum",    "step end (residual, h download)"};
+
 typedef struct stage_times {
     uint64_t route_ns, wait_ns, compute_ns;
+    uint64_t sub_ns[N_SUB];
 } stage_times;
 
 struct sl_compute {
@@ -83,11 +102,15 @@ struct sl_compute {
     sl_moe_expert_w by_rank[64]; /* the picked experts' weights, by rank */
 #ifdef SL_HAVE_CUDA
     sl_gpu_ctx *gpu;
-    uint16_t *x_dev, *y_dev; /* [dim] bf16 */
-    sl_arena *registered;    /* the arena mapping registered with CUDA */
-    uint8_t *arena_dev;      /* its device address */
+    uint16_t *h_dev, *x_dev, *y_dev; /* [dim] bf16: residual stream, normed input, MoE out */
+    sl_arena *registered;            /* the arena mapping registered with CUDA */
+    uint8_t *arena_dev;              /* its device address */
     t0_tier t0;
+    plan plan;
+    uint8_t launched[64]; /* ranks of this layer whose experts are queued (hits first) */
 #endif
+    sl_fetch_pin held[64]; /* the pins of the layer whose GPU work may still run */
+    uint32_t n_held;
     uint64_t hit_t0;
     double *zipf_cdf;    /* [n_expert] cumulative popularity of rank r (synthetic routing) */
     uint32_t *zipf_perm; /* [n_layer][n_expert] expert of rank r in layer l */
@@ -130,7 +153,11 @@ enum opt_id {
     OPT_TIMEOUT,
     OPT_BACKEND,
     OPT_T0,
+    OPT_T0_BYTES,
+    OPT_T0_PRELOAD,
     OPT_ZERO_COPY,
+    OPT_WARMUP,
+    OPT_CEILINGS,
     OPT_PREFETCH,
     OPT_ROUTING,
     OPT_CPU,
@@ -148,9 +175,18 @@ static const sl_opt opt_table[] = {
     {OPT_TIMEOUT, NULL, "--timeout", "MS", "longest wait for one layer's experts (default 60000)"},
     {OPT_BACKEND, NULL, "--backend", "NAME",
      "gpu, cpu (the GPU's arithmetic on the CPU) or ref (f32 reference); default: gpu if present"},
+    {OPT_T0_BYTES, NULL, "--t0", "SIZE",
+     "device expert tier budget, e.g. 40G (default: free GPU memory less a reserve; none on a "
+     "GPU sharing host memory)"},
     {OPT_T0, NULL, "--t0-slots", "N",
-     "device expert slots (GPU); 0 = read the host arena in place"},
+     "device expert tier in slots; 0 = read the host arena in place"},
+    {OPT_T0_PRELOAD, NULL, "--t0-preload", NULL,
+     "fill the device tier with every expert it can hold before the first step"},
     {OPT_ZERO_COPY, NULL, "--zero-copy", NULL, "no device tier: kernels read the host arena"},
+    {OPT_WARMUP, NULL, "--warmup", "N", "steps run before counters and clocks start (default 0)"},
+    {OPT_CEILINGS, NULL, "--ceilings", "LIST",
+     "hbm=G,copy=G,zc=G,disk=G in GB/s (bench-ceilings prints them): the summary then gives "
+     "each step's byte floor"},
     {OPT_ROUTING, NULL, "--routing", "MODE",
      "router (default), uniform, or zipf[:S]: synthetic picks for benchmarks"},
     {OPT_PREFETCH, NULL, "--prefetch", NULL,
@@ -160,6 +196,31 @@ static const sl_opt opt_table[] = {
     {OPT_QUIET, "-q", "--quiet", NULL, "no banner and no summary"},
     {OPT_HELP, "-h", "--help", NULL, "this help"},
 };
+
+/* The memory paths a step's bytes take, in --ceilings order. */
+enum { CEIL_HBM, CEIL_COPY, CEIL_ZC, CEIL_DISK };
+static const char *const ceiling_names[4] = {"hbm", "copy", "zc", "disk"};
+
+/* "hbm=4500,copy=55,zc=51,disk=2.1" (GB/s; any subset, any order). */
+static int parse_ceilings(const char *v, double *gbs, sl_err *err)
+{
+    const char *p = v;
+    while (*p) {
+        int k = 0;
+        while (k < 4 && strncmp(p, ceiling_names[k], strlen(ceiling_names[k]))) k++;
+        const char *q = k < 4 ? p + strlen(ceiling_names[k]) : p;
+        char *end = NULL;
+        double g = k < 4 && *q == '=' ? strtod(q + 1, &end) : -1.0;
+        if (k == 4 || !end || end == q + 1 || !(g > 0.0) || g > 1e6 || (*end && *end != ','))
+            return sl_err_set(err, SL_EINVAL,
+                              "--ceilings %s: expected NAME=GB/s[,...] with NAME hbm, copy, zc "
+                              "or disk",
+                              v);
+        gbs[k] = g;
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
 
 int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *out, sl_err *err)
 {
@@ -207,9 +268,27 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
         case OPT_T0:
             rc = sl_opt_u64(a, v, 0, 1u << 24, &n, err);
             o->t0_slots = (uint32_t)n;
+            o->t0_bytes = 0;
+            o->t0_given = 1;
+            break;
+        case OPT_T0_BYTES:
+            rc = sl_parse_size(v, &o->t0_bytes, err);
+            o->t0_slots = 0;
+            o->t0_given = 1;
+            break;
+        case OPT_T0_PRELOAD:
+            o->t0_preload = 1;
+            break;
+        case OPT_WARMUP:
+            rc = sl_opt_u64(a, v, 0, 1u << 30, &n, err);
+            o->warmup = (uint32_t)n;
+            break;
+        case OPT_CEILINGS:
+            rc = parse_ceilings(v, o->ceiling_gbs, err);
             break;
         case OPT_ZERO_COPY:
             o->zero_copy = 1;
+            o->t0_given = 1;
             break;
         case OPT_ROUTING:
             if (!strcmp(v, "router")) {
@@ -339,6 +418,8 @@ static void unregister_arena(void *ctx, sl_arena *old)
 {
     sl_compute *c = ctx;
     if (c->registered != old) return;
+    /* Hits-first work queued from the old mapping may still be reading it. */
+    if (c->gpu) sl_gpu_sync(c->gpu, NULL);
     sl_gpu_host_unregister(old->base, NULL);
     c->registered = NULL;
     c->arena_dev = NULL;
@@ -376,6 +457,7 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
     int rc = sl_gpu_open(&c->gpu, 0, &c->shape, err);
     if (!rc) rc = sl_gpu_malloc(c->gpu, (void **)&c->x_dev, m->dim * sizeof(uint16_t), err);
     if (!rc) rc = sl_gpu_malloc(c->gpu, (void **)&c->y_dev, m->dim * sizeof(uint16_t), err);
+    if (!rc) rc = sl_gpu_malloc(c->gpu, (void **)&c->h_dev, m->dim * sizeof(uint16_t), err);
     const uint64_t sh_bytes[3] = {blocks_bytes(c->shape.sh_gate_type, m->dim, m->moe_inter),
                                   blocks_bytes(c->shape.sh_up_type, m->dim, m->moe_inter),
                                   blocks_bytes(c->shape.sh_down_type, m->moe_inter, m->dim)};
@@ -384,17 +466,51 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
         layer_w *w = &c->layers[l];
         uint64_t rb = (uint64_t)m->n_expert * m->dim * sizeof(uint16_t);
         rc = upload_new(c, w->router, rb, &w->router_dev, err);
+        if (!rc)
+            rc = upload_new(c, w->ffn_norm, m->dim * sizeof(float), (void **)&w->ffn_norm_dev, err);
         for (int p = 0; p < 3 && !rc; p++)
             rc = upload_new(c, w->shared[p], sh_bytes[p], &w->shared_dev[p], err);
         *resident += rb + sh_bytes[0] + sh_bytes[1] + sh_bytes[2];
         w->shared_w_dev = (sl_moe_expert_w){w->shared_dev[0], w->shared_dev[1], w->shared_dev[2]};
     }
-    if (rc || !c->opt.t0_slots || c->opt.zero_copy) return rc;
+    if (rc) return rc;
+    /* The device tier: by flag, or what free memory allows (after the resident
+     * weights, less a reserve for the runtime and other jobs), never more than every
+     * expert; none where the GPU reads host memory as fast as its own. */
+    plan *pl = &c->plan;
+    sl_gpu_mem mem;
+    rc = sl_gpu_mem_info(0, &mem, err);
+    if (rc) return rc;
+    pl->gpu_total = mem.total_bytes;
+    pl->gpu_free = mem.free_bytes;
+    pl->resident = *resident;
     t0_tier *t = &c->t0;
     uint64_t n_ent = (uint64_t)m->n_layer * m->n_expert;
-    t->n_slot = c->opt.t0_slots < n_ent ? c->opt.t0_slots : (uint32_t)n_ent;
     t->slot_bytes = c->map->layout.slot_bytes;
+    uint64_t want;
+    if (c->opt.zero_copy) {
+        want = 0;
+        pl->t0_why = "--zero-copy";
+    } else if (c->opt.t0_given) {
+        want = c->opt.t0_bytes ? c->opt.t0_bytes / t->slot_bytes : c->opt.t0_slots;
+        pl->t0_why = c->opt.t0_bytes ? "--t0" : "--t0-slots";
+    } else if (mem.shares_host_memory) {
+        want = 0;
+        pl->t0_why = "the GPU shares host memory: kernels read the arena in place";
+    } else {
+        uint64_t reserve =
+            T0_RESERVE_BYTES > mem.total_bytes / 20 ? T0_RESERVE_BYTES : mem.total_bytes / 20;
+        want = mem.free_bytes > reserve ? (mem.free_bytes - reserve) / t->slot_bytes : 0;
+        pl->t0_why = "auto: free device memory less a reserve";
+    }
+    t->n_slot = (uint32_t)(want < n_ent ? want : n_ent);
+    if (!t->n_slot) return 0;
     rc = sl_gpu_malloc(c->gpu, (void **)&t->base, t->n_slot * t->slot_bytes, err);
+    if (rc) {
+        sl_err_prefix(err, "device tier of %u slots (%.1f GiB; see --t0)", t->n_slot,
+                      (double)t->n_slot * (double)t->slot_bytes / (1ull << 30));
+        return rc;
+    }
     if (!rc) rc = sl_policy_init(&t->policy, SL_POLICY_OLDEST_RANDOM, t->n_slot, 1, err);
     if (rc) return rc;
     t->slot_of = malloc(n_ent * sizeof *t->slot_of);
@@ -416,10 +532,12 @@ static void gpu_close(sl_compute *c)
     }
     for (uint32_t l = 0; c->layers && l < c->cfg.n_layer; l++) {
         sl_gpu_free(c->gpu, c->layers[l].router_dev);
+        sl_gpu_free(c->gpu, c->layers[l].ffn_norm_dev);
         for (int p = 0; p < 3; p++) sl_gpu_free(c->gpu, c->layers[l].shared_dev[p]);
     }
     sl_gpu_free(c->gpu, c->x_dev);
     sl_gpu_free(c->gpu, c->y_dev);
+    sl_gpu_free(c->gpu, c->h_dev);
     sl_gpu_free(c->gpu, c->t0.base);
     sl_policy_free(&c->t0.policy);
     free(c->t0.slot_of);
@@ -433,17 +551,117 @@ static int t0_busy(void *ctx, uint32_t slot)
     return ((const t0_tier *)ctx)->in_use[slot];
 }
 
-/* Device pointers of an expert whose bytes sit in a slot laid out like the arena's
- * (T1 read in place, or a T0 copy of such a slot). */
-static sl_moe_expert_w slot_parts(sl_compute *c, const uint8_t *slot_dev, uint32_t layer,
+#endif
+
+/* Pointers to the parts of an expert whose bytes sit in a slot laid out like the
+ * arena's (T1 through a host or device address, or a T0 copy of such a slot). */
+static sl_moe_expert_w slot_parts(sl_compute *c, const uint8_t *slot, uint32_t layer,
                                   uint32_t expert)
 {
     const void *part[3];
     for (int p = 0; p < 3; p++) {
         const sl_expert_slice *s = sl_expert_map_slice(c->map, layer, expert, p);
-        part[p] = slot_dev + c->map->layout.part_offset[p] + s->offset % c->map->layout.align;
+        part[p] = slot + c->map->layout.part_offset[p] + s->offset % c->map->layout.align;
     }
     return (sl_moe_expert_w){part[0], part[1], part[2]};
+}
+
+static double gib(uint64_t b)
+{
+    return (double)b / (double)(1ull << 30);
+}
+
+/* The start-up memory plan: what goes where, how many slots of each tier, what is left. */
+static void print_plan(sl_compute *c, FILE *f)
+{
+    static const char *const names[] = {"auto", "CPU emulation of the GPU arithmetic",
+                                        "CPU f32 reference", "GPU"};
+    const sl_model_config *m = &c->cfg;
+    const sl_proto_welcome *w = sl_fetch_client_welcome(c->client);
+    uint64_t slot = c->map->layout.slot_bytes, n_ent = (uint64_t)m->n_layer * m->n_expert;
+    fprintf(f,
+            "sluice-compute: %s: %u layers, dim %u, %u experts (top %u) of %u; backend: %s\n"
+            "sluice-compute: memory plan:\n"
+            "  experts       %" PRIu64 " of %.1f MiB = %.2f GiB on disk (T2)\n"
+            "  T1 host arena %s: %u slots = %.2f GiB (%.0f%% of the experts), fetcher at %s\n",
+            c->opt.model, m->n_layer, m->dim, m->n_expert, m->n_expert_used, m->moe_inter,
+            names[c->backend], n_ent, (double)slot / (1 << 20), gib(n_ent * slot), w->arena_name,
+            w->slot_count, gib((uint64_t)w->slot_count * w->slot_bytes),
+            100.0 * (double)w->slot_count / (double)n_ent, c->endpoint);
+#ifdef SL_HAVE_CUDA
+    if (c->backend == SL_BACKEND_GPU) {
+        const plan *p = &c->plan;
+        uint64_t t0 = (uint64_t)c->t0.n_slot * c->t0.slot_bytes;
+        fprintf(f,
+                "  GPU           %.1f GiB: resident weights %.2f GiB (routers, shared experts); "
+                "%.1f GiB were free after them\n"
+                "  T0 device     %u slots = %.2f GiB (%.0f%% of the experts; %s)%s\n"
+                "  GPU left      %.1f GiB\n",
+                gib(p->gpu_total), gib(p->resident), gib(p->gpu_free), c->t0.n_slot, gib(t0),
+                100.0 * (double)c->t0.n_slot / (double)n_ent, p->t0_why,
+                c->t0.n_slot ? "" : "; kernels read T1 in place (zero-copy)",
+                gib(p->gpu_free > t0 ? p->gpu_free - t0 : 0));
+    }
+#endif
+}
+
+#ifdef SL_HAVE_CUDA
+/* Puts expert e of layer l (bytes at host_slot, a pinned arena slot laid out like a
+ * T0 slot) into a free or evicted T0 slot with an asynchronous copy on the compute
+ * stream; returns the slot, or NO_SLOT when every slot is in use this layer. */
+static uint32_t t0_fill(sl_compute *c, uint32_t l, uint32_t e, const uint8_t *host_slot, int *rc,
+                        sl_err *err)
+{
+    t0_tier *t = &c->t0;
+    int64_t v = sl_policy_victim(t->policy, t0_busy, t);
+    if (v < 0) return NO_SLOT;
+    uint32_t slot = (uint32_t)v;
+    if (t->owner[slot] != NO_SLOT) t->slot_of[t->owner[slot]] = NO_SLOT;
+    t->owner[slot] = NO_SLOT;
+    *rc =
+        sl_gpu_upload_async(c->gpu, t->base + slot * t->slot_bytes, host_slot, t->slot_bytes, err);
+    if (*rc) return NO_SLOT;
+    t->owner[slot] = l * c->cfg.n_expert + e;
+    t->slot_of[t->owner[slot]] = slot;
+    sl_policy_touch(t->policy, slot);
+    return slot;
+}
+
+/* --t0-preload: every expert the device tier can hold, layer by layer, through the
+ * fetcher (so the host arena warms too), before the first step. */
+static int t0_preload(sl_compute *c, sl_err *err)
+{
+    t0_tier *t = &c->t0;
+    if (c->backend != SL_BACKEND_GPU || !t->n_slot) return 0;
+    int rc = ensure_registered(c, err);
+    uint32_t left = t->n_slot, batch = c->shape.n_used;
+    for (uint32_t l = 0; l < c->cfg.n_layer && left && !rc; l++)
+        for (uint32_t e0 = 0; e0 < c->cfg.n_expert && left && !rc; e0 += batch) {
+            uint32_t ex[64], n = 0;
+            for (uint32_t e = e0; e < e0 + batch && e < c->cfg.n_expert && n < left; e++)
+                ex[n++] = e;
+            sl_fetch_pin pins[64];
+            rc = sl_fetch_client_get(c->client, l, ex, n, pins, c->opt.timeout_ms, err);
+            if (rc) break;
+            sl_arena *a = sl_fetch_client_arena(c->client);
+            for (uint32_t k = 0; k < n && !rc; k++) {
+                if (t0_fill(c, l, ex[k], sl_arena_slot_data(a, pins[k].slot), &rc, err) == NO_SLOT)
+                    left = 0;
+                else
+                    left--;
+            }
+            /* The copies read the pinned slots: wait before giving them back. */
+            if (!rc) rc = sl_gpu_sync(c->gpu, err);
+            sl_fetch_client_put(c->client, pins, n, NULL);
+        }
+    return rc;
+}
+#else
+static int t0_preload(sl_compute *c, sl_err *err)
+{
+    (void)c;
+    (void)err;
+    return 0;
 }
 #endif
 
@@ -570,25 +788,9 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
                         w->n_expert, m->n_layer, m->n_expert);
         goto fail;
     }
-    if (!o->quiet) {
-        static const char *const names[] = {"auto", "CPU emulation of the GPU arithmetic",
-                                            "CPU f32 reference", "GPU"};
-        fprintf(stderr,
-                "sluice-compute: %s: %u layers, dim %u, %u experts (top %u) of %u; backend: %s\n"
-                "sluice-compute: memory plan: T1 host arena %s, %u slots of %.1f MiB (fetcher at "
-                "%s)",
-                o->model, m->n_layer, m->dim, m->n_expert, m->n_expert_used, m->moe_inter,
-                names[c->backend], w->arena_name, w->slot_count, (double)w->slot_bytes / (1 << 20),
-                c->endpoint);
-#ifdef SL_HAVE_CUDA
-        if (c->backend == SL_BACKEND_GPU)
-            fprintf(stderr, "; GPU resident weights %.1f MiB; T0 device tier %u slots (%.1f MiB)%s",
-                    (double)resident / (1 << 20), c->t0.n_slot,
-                    (double)c->t0.n_slot * (double)c->map->layout.slot_bytes / (1 << 20),
-                    c->t0.n_slot ? "" : ", kernels read T1 in place (zero-copy)");
-#endif
-        fprintf(stderr, "\n");
-    }
+    if (!rc && o->t0_preload) rc = t0_preload(c, err);
+    if (rc) goto fail;
+    if (!o->quiet) print_plan(c, stderr);
     /* Last, so that the threads CUDA and the readers of the trace start are not pinned. */
     rc = sl_affinity_pin_self(o->cpu, err);
     if (rc) goto fail;
@@ -664,17 +866,22 @@ static int embed(sl_compute *c, uint64_t step, sl_err *err)
     return 0;
 }
 
-/* x = bf16(w * (h * rsqrt(mean(h^2) + eps))), all f32 (MODEL.md §2.1). */
-static void ffn_norm(sl_compute *c, const float *w)
+/* The previous layer's residual (h = bf16(h + y), when there is one) and this layer's
+ * ffn_norm x = bf16(w * h * rsqrt(mean(h^2) + eps)) (MODEL.md §2.1), in
+ * sl_emu_residual_norm's arithmetic: on the GPU the residual stream stays in device
+ * memory and this is one kernel; the CPU backends run its twin. w NULL: the residual
+ * only (the end of a step). */
+static int residual_norm(sl_compute *c, int with_y, const layer_w *w, sl_err *err)
 {
-    uint32_t n = c->cfg.dim;
-    float ss = 0.0f;
-    for (uint32_t i = 0; i < n; i++) {
-        float v = sl_bf16_to_f32(c->h[i]);
-        ss += v * v;
-    }
-    float r = 1.0f / sqrtf(ss / (float)n + c->cfg.norm_eps);
-    for (uint32_t i = 0; i < n; i++) c->x[i] = sl_f32_to_bf16(w[i] * (sl_bf16_to_f32(c->h[i]) * r));
+#ifdef SL_HAVE_CUDA
+    if (c->backend == SL_BACKEND_GPU)
+        return sl_gpu_residual_norm(c->gpu, c->h_dev, with_y ? c->y_dev : NULL,
+                                    w ? w->ffn_norm_dev : NULL, c->cfg.norm_eps, c->x_dev, err);
+#endif
+    (void)err;
+    sl_emu_residual_norm(c->cfg.dim, c->h, with_y ? c->y : NULL, w ? w->ffn_norm : NULL,
+                         c->cfg.norm_eps, c->x);
+    return 0;
 }
 
 /* Points the expert table at the pinned slots: each part's bytes start `skip` bytes
@@ -749,29 +956,153 @@ static void synthetic_route(sl_compute *c, uint32_t l, sl_moe_route *route)
 
 /* Route x: the router GEMV on the device that computes the layer, the selection on
  * the CPU in the reference's order. */
+/* Adds the time since *t to part `sub` of the layer and restarts the clock. */
+static void lap(sl_compute *c, int sub, uint64_t *t)
+{
+    uint64_t now = sl_now_ns();
+    c->t.sub_ns[sub] += now - *t;
+    *t = now;
+}
+
 static int route_x(sl_compute *c, layer_w *w, sl_moe_route *route, sl_err *err)
 {
+    uint64_t t = sl_now_ns();
+    int rc;
 #ifdef SL_HAVE_CUDA
     if (c->backend == SL_BACKEND_GPU) {
-        int rc = sl_gpu_upload(c->gpu, c->x_dev, c->x, c->cfg.dim * sizeof(uint16_t), err);
         /* The shared expert needs no routing: it runs on the side stream while the
          * router's logits come back and the picks are gathered. */
-        if (!rc) rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
+        rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
+        lap(c, SUB_SHARED, &t);
         if (!rc) rc = sl_gpu_router_logits(c->gpu, c->x_dev, w->router_dev, c->logits, err);
+        lap(c, SUB_ROUTER, &t);
         if (!rc) rc = sl_router_select(c->logits, w->bias, &c->shape, route, err);
+        lap(c, SUB_SELECT, &t);
         return rc;
     }
 #endif
-    return sl_router_route(c->x, &w->moe, &c->shape, c->logits, route, err);
+    rc = sl_router_logits(c->x, w->router, c->cfg.n_expert, c->cfg.dim, c->shape.gate_temp,
+                          c->logits, err);
+    lap(c, SUB_ROUTER, &t);
+    if (!rc) rc = sl_router_select(c->logits, w->bias, &c->shape, route, err);
+    lap(c, SUB_SELECT, &t);
+    return rc;
 }
 
-/* Gets the picked experts that the device tier does not hold from the fetcher (pins
- * in pins[0..*n_pins)), and fills c->by_rank with the pointers the backend reads. */
+/* Hits first: what sl_fetch_client_get_each's reports need to place and launch the
+ * experts of one layer as they get pinned. */
+typedef struct arrivals {
+    sl_compute *c;
+    uint32_t layer;
+    const uint32_t *rank_of; /* [index in the request] -> rank */
+    const uint32_t *want;    /* [index in the request] -> expert */
+    const uint32_t *pending; /* T0 hits held back to share the first launch */
+    uint32_t n_pending;
+    int rc; /* the first failure; later reports are ignored */
+    sl_err *err;
+} arrivals;
+
+/* Points by_rank[rank] at expert e of layer l, pinned in host slot `slot` of the
+ * current arena: a device-tier copy on a GPU with T0 (queued on the compute stream),
+ * else the slot read in place (GPU zero-copy, or the CPU backends' host view). */
+static int place(sl_compute *c, uint32_t l, uint32_t rank, uint32_t e, uint32_t slot, sl_err *err)
+{
+    sl_arena *a = sl_fetch_client_arena(c->client);
+    const uint8_t *host_slot = sl_arena_slot_data(a, slot);
+    int rc = 0;
+#ifdef SL_HAVE_CUDA
+    if (c->backend == SL_BACKEND_GPU) {
+        rc = ensure_registered(c, err);
+        if (rc) return rc;
+        if (c->t0.n_slot) {
+            /* Already copied (this layer, before a fetcher restart), or a new copy. */
+            uint32_t t = c->t0.slot_of[(uint64_t)l * c->cfg.n_expert + e];
+            if (t == NO_SLOT) t = t0_fill(c, l, e, host_slot, &rc, err);
+            if (rc) return rc;
+            if (t != NO_SLOT) {
+                c->t0.in_use[t] = 1;
+                c->by_rank[rank] = slot_parts(c, c->t0.base + t * c->t0.slot_bytes, l, e);
+                return 0;
+            }
+        }
+        c->by_rank[rank] = slot_parts(c, c->arena_dev + (host_slot - a->base), l, e);
+        return 0;
+    }
+#endif
+    c->by_rank[rank] = slot_parts(c, host_slot, l, e);
+    return rc;
+}
+
+/* Queues the routed work of ranks[0..n) whose weights are in by_rank (GPU only: the
+ * CPU backends compute every expert at the end of the layer). */
+static int launch(sl_compute *c, const uint32_t *ranks, uint32_t n, const char *what, sl_err *err)
+{
+    if (!n) return 0;
+#ifdef SL_HAVE_CUDA
+    if (c->backend == SL_BACKEND_GPU) {
+        uint64_t t = sl_now_ns();
+        for (uint32_t k = 0; k < n; k++) c->launched[ranks[k]] = 1;
+        int rc = sl_gpu_moe_part(c->gpu, ranks, n, c->by_rank, err);
+        sl_trace_add(c->trace, what, -1, (int32_t)n, 0, t, sl_now_ns());
+        return rc;
+    }
+#endif
+    (void)c;
+    (void)ranks;
+    (void)what;
+    (void)err;
+    return 0;
+}
+
+/* sl_fetch_client_get_each's report: place and launch what just got pinned. A rank
+ * reported again after a fetcher restart is already queued from the old mapping (the
+ * same bytes, kept mapped until that work is done): only its new pin is kept. */
+static void on_arrival(void *ctx, const uint32_t *index, const sl_fetch_pin *pins, uint32_t n)
+{
+    arrivals *g = ctx;
+    sl_compute *c = g->c;
+    uint32_t ranks[128], k = 0;
+    for (; k < g->n_pending; k++) ranks[k] = g->pending[k];
+    g->n_pending = 0;
+    for (uint32_t i = 0; i < n && !g->rc; i++) {
+        uint32_t rank = g->rank_of[index[i]];
+#ifdef SL_HAVE_CUDA
+        if (c->launched[rank]) continue;
+#endif
+        g->rc = place(c, g->layer, rank, g->want[index[i]], pins[i].slot, g->err);
+        ranks[k++] = rank;
+    }
+    if (!g->rc) g->rc = launch(c, ranks, k, n > 1 ? "launch hits" : "launch arrival", g->err);
+}
+
+/* Whether the shared slot table holds every expert of want[0..n) of layer l now (a
+ * hint: the fetcher may evict one before it is pinned). */
+static int all_in_arena(sl_compute *c, uint32_t l, const uint32_t *want, uint32_t n)
+{
+    sl_arena *a = sl_fetch_client_arena(c->client);
+    for (uint32_t i = 0; i < n; i++)
+        if (!atomic_load_explicit(&a->table[(uint64_t)l * c->cfg.n_expert + want[i]],
+                                  memory_order_acquire))
+            return 0;
+    return 1;
+}
+
+/* Gets the layer's picked experts (DESIGN.md steps 2-3): the device tier's hits are
+ * queued first, then the host arena's hits (pinned from the shared table, no
+ * message) while the fetcher reads the misses, then each miss as its READY arrives.
+ * Pins taken from the fetcher go to pins[0..*n_pins). */
 static int gather(sl_compute *c, uint32_t l, const sl_moe_route *route, sl_fetch_pin *pins,
                   uint32_t *n_pins, sl_err *err)
 {
-    uint32_t n = c->shape.n_used, want[64], rank_of[64];
+    uint32_t n = c->shape.n_used, want[64], rank_of[64], t0_ranks[64], n_t0 = 0;
     *n_pins = 0;
+#ifdef SL_HAVE_CUDA
+    memset(c->launched, 0, sizeof c->launched);
+    if (c->backend == SL_BACKEND_GPU) {
+        int rc = sl_gpu_moe_begin(c->gpu, c->x_dev, route, err);
+        if (rc) return rc;
+    }
+#endif
     for (uint32_t i = 0; i < n; i++) {
 #ifdef SL_HAVE_CUDA
         t0_tier *t = &c->t0;
@@ -782,6 +1113,7 @@ static int gather(sl_compute *c, uint32_t l, const sl_moe_route *route, sl_fetch
                 sl_policy_touch(t->policy, slot);
                 c->by_rank[i] = slot_parts(c, t->base + slot * t->slot_bytes, l, route->expert[i]);
                 c->hit_t0++;
+                t0_ranks[n_t0++] = i;
                 continue;
             }
         }
@@ -789,8 +1121,42 @@ static int gather(sl_compute *c, uint32_t l, const sl_moe_route *route, sl_fetch
         rank_of[*n_pins] = i;
         want[(*n_pins)++] = route->expert[i];
     }
-    if (!*n_pins) return 0;
-    int rc = sl_fetch_client_get(c->client, l, want, *n_pins, pins, c->opt.timeout_ms, err);
+    /* Each launch costs a few microseconds: when the rest of the picks sit in the host
+     * arena (their report comes at once), the T0 hits wait to share their launch. */
+    int defer = n_t0 && *n_pins && all_in_arena(c, l, want, *n_pins);
+    int rc = defer ? 0 : launch(c, t0_ranks, n_t0, "launch T0 hits", err);
+    if (rc || !*n_pins) return rc;
+    arrivals g = {.c = c,
+                  .layer = l,
+                  .rank_of = rank_of,
+                  .want = want,
+                  .pending = t0_ranks,
+                  .n_pending = defer ? n_t0 : 0,
+                  .err = err};
+    uint32_t asked = *n_pins, restarts = sl_fetch_client_reconnects(c->client);
+    rc = sl_fetch_client_get_each(c->client, l, want, asked, pins, c->opt.timeout_ms, on_arrival,
+                                  &g, err);
+#ifdef SL_HAVE_CUDA
+    if (!rc && !g.rc && c->backend == SL_BACKEND_GPU &&
+        sl_fetch_client_reconnects(c->client) != restarts) {
+        /* The fetcher restarted meanwhile and the old arena is unmapped: work queued
+         * from it that has not run yet (the down projections) would read nothing.
+         * Start the layer's experts again from the new pins (and the T0 copies). */
+        g.rc = sl_gpu_moe_begin(c->gpu, c->x_dev, route, err);
+        memset(c->launched, 0, sizeof c->launched);
+        uint32_t ranks[64];
+        for (uint32_t k = 0; k < n_t0; k++) ranks[k] = t0_ranks[k];
+        for (uint32_t k = 0; k < asked && !g.rc; k++) {
+            g.rc = place(c, l, rank_of[k], want[k], pins[k].slot, err);
+            ranks[n_t0 + k] = rank_of[k];
+        }
+        if (!g.rc) g.rc = launch(c, ranks, n_t0 + asked, "relaunch after a restart", err);
+    }
+#endif
+    if (!rc && g.rc) {
+        sl_fetch_client_put(c->client, pins, asked, NULL);
+        rc = g.rc;
+    }
     if (rc) {
         *n_pins = 0;
         return rc;
@@ -805,44 +1171,13 @@ static int gather(sl_compute *c, uint32_t l, const sl_moe_route *route, sl_fetch
             c->read_us += pins[k].read_us;
         }
     }
-    sl_arena *a = sl_fetch_client_arena(c->client);
-    bind_experts(c, l, pins, *n_pins); /* host views, c->experts[expert] */
-    for (uint32_t k = 0; k < *n_pins; k++) {
-        uint32_t i = rank_of[k];
-        c->by_rank[i] = c->experts[want[k]];
-#ifdef SL_HAVE_CUDA
-        if (c->backend != SL_BACKEND_GPU) continue;
-        const uint8_t *host_slot = sl_arena_slot_data(a, pins[k].slot);
-        t0_tier *t = &c->t0;
-        if (t->n_slot) {
-            /* Into the device tier: a whole slot, so the layout stays the arena's. */
-            int64_t v = sl_policy_victim(t->policy, t0_busy, t);
-            if (v >= 0) {
-                uint32_t slot = (uint32_t)v;
-                if (t->owner[slot] != NO_SLOT) t->slot_of[t->owner[slot]] = NO_SLOT;
-                rc = sl_gpu_upload(c->gpu, t->base + slot * t->slot_bytes, host_slot, t->slot_bytes,
-                                   err);
-                if (rc) return rc;
-                t->owner[slot] = l * c->cfg.n_expert + want[k];
-                t->slot_of[t->owner[slot]] = slot;
-                t->in_use[slot] = 1;
-                sl_policy_touch(t->policy, slot);
-                c->by_rank[i] = slot_parts(c, t->base + slot * t->slot_bytes, l, want[k]);
-                continue;
-            }
-        }
-        /* Zero-copy: the kernels read the pinned host slot in place. */
-        rc = ensure_registered(c, err);
-        if (rc) return rc;
-        c->by_rank[i] = slot_parts(c, c->arena_dev + (host_slot - a->base), l, want[k]);
-#else
-        (void)a;
-#endif
-    }
+    /* The CPU backends and the reference read host views by expert id too. */
+    bind_experts(c, l, pins, *n_pins);
     return 0;
 }
 
-/* y = the layer's experts on x, with the backend in use. */
+/* y = the layer's experts on x, with the backend in use. On the GPU every rank is
+ * queued by now; this adds the down projections, the sum and the shared expert. */
 static int experts(sl_compute *c, layer_w *w, const sl_moe_route *route, sl_err *err)
 {
     switch (c->backend) {
@@ -854,10 +1189,9 @@ static int experts(sl_compute *c, layer_w *w, const sl_moe_route *route, sl_err 
                           err);
 #ifdef SL_HAVE_CUDA
     case SL_BACKEND_GPU: {
-        int rc = sl_gpu_moe_routed(c->gpu, c->x_dev, route, c->by_rank, c->y_dev, NULL, err);
-        /* The download waits for the kernels: only then may the pins go back. */
-        if (!rc) rc = sl_gpu_download(c->gpu, c->y, c->y_dev, c->cfg.dim * sizeof(uint16_t), err);
-        return rc;
+        /* Nothing waits here: the next layer's router (or the step's end) does, and
+         * only then do this layer's pins go back. */
+        return sl_gpu_moe_finish(c->gpu, c->y_dev, NULL, err);
     }
 #endif
     }
@@ -917,49 +1251,94 @@ static void score_prediction(sl_compute *c, const sl_moe_route *route, const sl_
     c->misses_total += caught + unhinted_reads;
 }
 
+/* Gives back the pins of the previous layer: the GPU work that read them has
+ * completed once the main stream was waited for (the router's logits, or the end of
+ * the step). */
+static void put_held(sl_compute *c)
+{
+    if (c->n_held) sl_fetch_client_put(c->client, c->held, c->n_held, NULL);
+    c->n_held = 0;
+}
+
+/* One layer (DESIGN.md "One decode step"). On the GPU nothing waits for this layer's
+ * kernels: the next layer's router download does, and puts this layer's pins back. */
 static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
 {
     layer_w *w = &c->layers[l];
-    uint64_t t0 = sl_now_ns();
-    ffn_norm(c, w->ffn_norm);
+    uint64_t t0 = sl_now_ns(), t = t0;
+    int rc = residual_norm(c, l > 0, w, err);
+    lap(c, SUB_NORM, &t);
     sl_moe_route route;
-    int rc = route_x(c, w, &route, err);
-    if (rc) return rc;
+    if (!rc) rc = route_x(c, w, &route, err);
+    put_held(c);
+    if (rc) return sl_err_prefix(err, "layer %u", l);
     if (c->opt.routing != SL_ROUTING_ROUTER) synthetic_route(c, l, &route);
     uint64_t t1 = sl_now_ns();
-    sl_fetch_pin pins[64];
-    uint32_t n_pins = 0;
-    rc = gather(c, l, &route, pins, &n_pins, err);
+    rc = gather(c, l, &route, c->held, &c->n_held, err);
     if (!rc && c->opt.prefetch) {
-        score_prediction(c, &route, pins, n_pins);
+        score_prediction(c, &route, c->held, c->n_held);
         rc = predict_next(c, l, err);
     }
     uint64_t t2 = sl_now_ns();
+    c->t.sub_ns[SUB_GATHER] += t2 - t1;
+    t = t2;
     if (!rc) rc = experts(c, w, &route, err);
-    if (n_pins) sl_fetch_client_put(c->client, pins, n_pins, NULL);
 #ifdef SL_HAVE_CUDA
+    /* Later fills of these slots are queued behind this layer's kernels. */
     if (c->t0.n_slot) memset(c->t0.in_use, 0, c->t0.n_slot);
 #endif
     if (rc) return sl_err_prefix(err, "layer %u", l);
-    for (uint32_t i = 0; i < c->cfg.dim; i++)
-        c->h[i] = sl_f32_to_bf16(sl_bf16_to_f32(c->h[i]) + sl_bf16_to_f32(c->y[i]));
-    uint64_t t3 = sl_now_ns();
+    lap(c, SUB_FINISH, &t);
     c->t.route_ns += t1 - t0;
     c->t.wait_ns += t2 - t1;
-    c->t.compute_ns += t3 - t2;
+    c->t.compute_ns += t - t2;
     sl_trace_add(c->trace, "route", (int32_t)l, -1, 0, t0, t1);
     sl_trace_add(c->trace, "wait", (int32_t)l, -1, 0, t1, t2);
-    sl_trace_add(c->trace, "compute", (int32_t)l, -1, 0, t2, t3);
+    sl_trace_add(c->trace, "compute", (int32_t)l, -1, 0, t2, t);
     return 0;
+}
+
+/* A step: the token's embedding into the residual stream, every layer, the last
+ * residual; the step's output h comes back to the host. */
+static int step(sl_compute *c, uint64_t s, sl_err *err)
+{
+    int rc = embed(c, s, err);
+#ifdef SL_HAVE_CUDA
+    if (!rc && c->backend == SL_BACKEND_GPU)
+        rc = sl_gpu_upload(c->gpu, c->h_dev, c->h, c->cfg.dim * sizeof(uint16_t), err);
+#endif
+    for (uint32_t l = 0; l < c->cfg.n_layer && !rc; l++) rc = layer_step(c, l, err);
+    uint64_t t = sl_now_ns();
+    if (!rc) rc = residual_norm(c, 1, NULL, err);
+#ifdef SL_HAVE_CUDA
+    /* Waits for the last layer's kernels: then its pins may go back. */
+    if (!rc && c->backend == SL_BACKEND_GPU)
+        rc = sl_gpu_download(c->gpu, c->h, c->h_dev, c->cfg.dim * sizeof(uint16_t), err);
+#endif
+    put_held(c);
+    c->t.sub_ns[SUB_RESIDUAL] += sl_now_ns() - t;
+    return rc;
+}
+
+/* After the warm-up steps: counters and clocks start from zero. */
+static void reset_counters(sl_compute *c)
+{
+    c->steps_done = 0;
+    c->hit_t0 = c->hit_shm = c->hit_fetcher = c->from_disk = c->read_us = 0;
+    memset(&c->t, 0, sizeof c->t);
+    c->pf_sent = c->pf_useful = c->pf_misses_covered = c->misses_total = 0;
 }
 
 int sl_compute_run(sl_compute *c, sl_err *err)
 {
     uint64_t start = sl_now_ns();
-    for (uint64_t s = 0; s < c->opt.steps; s++) {
+    for (uint64_t s = 0; s < (uint64_t)c->opt.warmup + c->opt.steps; s++) {
+        if (s == c->opt.warmup && s) {
+            reset_counters(c);
+            start = sl_now_ns();
+        }
         c->step = s;
-        int rc = embed(c, s, err);
-        for (uint32_t l = 0; l < c->cfg.n_layer && !rc; l++) rc = layer_step(c, l, err);
+        int rc = step(c, s, err);
         if (rc) return sl_err_prefix(err, "step %" PRIu64, s);
         if (c->out && fwrite(c->h, sizeof(uint16_t), c->cfg.dim, c->out) != c->cfg.dim)
             return sl_err_errno(err, SL_EIO, errno, "writing %s", c->opt.out_path);
@@ -969,6 +1348,51 @@ int sl_compute_run(sl_compute *c, sl_err *err)
         return sl_err_errno(err, SL_EIO, errno, "writing %s", c->opt.out_path);
     c->run_ns = sl_now_ns() - start;
     return 0;
+}
+
+/* The byte floor of a step: the bytes each memory path moved per step, at the
+ * ceiling of that path measured in the same run (--ceilings), the paths working in
+ * parallel; the step can be no faster than its slowest path. HBM carries every
+ * expert computed from device memory plus the resident router and shared expert;
+ * the host link every expert that came from T1 or the disk (copied into T0, or read
+ * in place); the disk every miss. */
+static void print_floor(sl_compute *c, FILE *out)
+{
+    const double *g = c->opt.ceiling_gbs;
+    if (!c->steps_done ||
+        !(g[CEIL_HBM] > 0 || g[CEIL_COPY] > 0 || g[CEIL_ZC] > 0 || g[CEIL_DISK] > 0))
+        return;
+    const sl_model_config *m = &c->cfg;
+    double per = 1.0 / (double)c->steps_done;
+    double ex = (double)(c->map->part_bytes[0] + c->map->part_bytes[1] + c->map->part_bytes[2]);
+    double host = (double)(c->hit_shm + c->hit_fetcher + c->from_disk) * ex * per;
+    double disk = (double)c->from_disk * ex * per;
+    int in_place = 1;
+    double hbm = (double)c->hit_t0 * ex * per;
+#ifdef SL_HAVE_CUDA
+    in_place = !c->t0.n_slot;
+    if (!in_place) hbm += host; /* filled into T0, then read there */
+#endif
+    double shared = (double)(sl_qtype_row_bytes(c->shape.sh_gate_type, m->dim) * m->moe_inter +
+                             sl_qtype_row_bytes(c->shape.sh_up_type, m->dim) * m->moe_inter +
+                             sl_qtype_row_bytes(c->shape.sh_down_type, m->moe_inter) * m->dim);
+    double resident = (double)m->n_layer * ((double)m->n_expert * m->dim * 2.0 + shared);
+    hbm += resident;
+    double link = in_place ? g[CEIL_ZC] : g[CEIL_COPY];
+    double t_hbm = g[CEIL_HBM] > 0 ? hbm / (g[CEIL_HBM] * 1e9) : 0;
+    double t_link = link > 0 ? host / (link * 1e9) : 0;
+    double t_disk = g[CEIL_DISK] > 0 ? disk / (g[CEIL_DISK] * 1e9) : 0;
+    double floor_s = t_hbm > t_link ? t_hbm : t_link;
+    if (t_disk > floor_s) floor_s = t_disk;
+    double step_s = (double)c->run_ns / 1e9 * per;
+    const char *bound = floor_s == t_disk ? "disk" : floor_s == t_link ? "host link" : "HBM";
+    fprintf(out,
+            "  byte floor per step: HBM %.1f MB at %.0f GB/s = %.3f ms, host link %.1f MB at "
+            "%.1f GB/s (%s) = %.3f ms, disk %.1f MB at %.2f GB/s = %.3f ms\n"
+            "  step %.3f ms = %.2fx its floor of %.3f ms (%s-bound)\n",
+            hbm / 1e6, g[CEIL_HBM], t_hbm * 1e3, host / 1e6, link,
+            in_place ? "read in place" : "copied into T0", t_link * 1e3, disk / 1e6, g[CEIL_DISK],
+            t_disk * 1e3, step_s * 1e3, floor_s > 0 ? step_s / floor_s : 0.0, floor_s * 1e3, bound);
 }
 
 void sl_compute_print_summary(sl_compute *c, FILE *out)
@@ -1001,6 +1425,19 @@ void sl_compute_print_summary(sl_compute *c, FILE *out)
         fprintf(out, "  extrapolated to 40 layers: %.2f ms per token, %.2f tokens/s\n",
                 layer_ms * 40.0, layer_ms > 0 ? 1000.0 / (layer_ms * 40.0) : 0.0);
     }
+    if (c->steps_done) {
+        double layers = (double)c->steps_done * c->cfg.n_layer;
+        const char *sep = "";
+        fprintf(out, "  per layer (us):");
+        for (int k = 0; k < N_SUB; k++)
+            if (c->t.sub_ns[k]) {
+                fprintf(out, "%s %s %.1f", sep, sub_names[k],
+                        (double)c->t.sub_ns[k] / 1e3 / layers);
+                sep = ",";
+            }
+        fprintf(out, "\n");
+    }
+    print_floor(c, out);
     if (c->opt.prefetch)
         fprintf(out,
                 "  prefetch: %" PRIu64 " hints, %" PRIu64 " useful; covered %.1f%% of the next "

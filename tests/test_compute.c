@@ -342,3 +342,52 @@ Test(compute, synthetic_routing_is_deterministic_across_arena_sizes, .timeout = 
     cr_assert(strstr(log_tail(r.log), "--routing zipf:-1"), "%s", log_tail(r.log));
     rig_close(&r);
 }
+
+Test(compute, warmup_steps_leave_the_counters_and_floors_are_printed, .timeout = 120)
+{
+    rig r = {0};
+    rig_open(&r, 10);
+    char ref[200], out[200], n_after[16];
+    reference(&r, ref, sizeof ref);
+    start_fetcher(&r, "40");
+    snprintf(out, sizeof out, "%s/warm.bin", r.dir);
+    snprintf(n_after, sizeof n_after, "%d", atoi(STEPS) - 3);
+    /* 3 warm-up steps then the rest: the same steps, so the same bytes out. */
+    const char *argv[] = {SL_BIN_DIR "/sluice-compute",
+                          "-m",
+                          r.model,
+                          "--endpoint",
+                          r.endpoint,
+                          "-n",
+                          n_after,
+                          "--warmup",
+                          "3",
+                          "--seed",
+                          "5",
+                          "-o",
+                          out,
+                          "--ceilings",
+                          "disk=2.5,hbm=4000,copy=50,zc=45",
+                          NULL};
+    cr_assert_eq(wait_exit(spawn(r.log, argv), 120), 0, "%s", log_tail(r.log));
+    same_bytes(out, ref, "after a warm-up", r.log);
+    const char *log = log_tail(r.log);
+    char want[64];
+    snprintf(want, sizeof want, "sluice-compute: %s steps in", n_after);
+    cr_assert(strstr(log, want), "only the measured steps are counted: %s", log);
+    cr_assert(strstr(log, "byte floor per step") && strstr(log, "x its floor of"), "%s", log);
+    cr_assert(strstr(log, "at 2.50 GB/s"), "the disk ceiling given is used: %s", log);
+    cr_assert(strstr(log, "memory plan:") && strstr(log, "T1 host arena"), "%s", log);
+    kill_fetcher(&r, SIGTERM);
+    const char *bad[][2] = {{"--ceilings", "hbm=fast"},
+                            {"--ceilings", "pcie=50"},
+                            {"--t0", "lots"},
+                            {"--cpu", "100000"}};
+    for (int i = 0; i < 4; i++) {
+        const char *a[] = {SL_BIN_DIR "/sluice-compute", "-m", r.model, bad[i][0], bad[i][1], NULL};
+        cr_assert_eq(wait_exit(spawn(r.log, a), 30), 2, "%s %s", bad[i][0], bad[i][1]);
+        cr_assert(strstr(log_tail(r.log), bad[i][1]) || strstr(log_tail(r.log), "CPU"), "%s",
+                  log_tail(r.log));
+    }
+    rig_close(&r);
+}

@@ -54,7 +54,8 @@ static pid_t fetcher(void)
     return spawn(argv);
 }
 
-static void run_compute(const char *backend, const char *t0, const char *out)
+/* extra: one more flag (or NULL). */
+static void run_compute(const char *backend, const char *t0, const char *out, const char *extra)
 {
     const char *argv[] = {SL_BIN_DIR "/sluice-compute",
                           "-m",
@@ -71,9 +72,10 @@ static void run_compute(const char *backend, const char *t0, const char *out)
                           t0,
                           "-o",
                           out,
+                          extra,
                           NULL};
-    cr_assert_eq(wait_exit(spawn(argv)), 0, "sluice-compute --backend %s --t0-slots %s failed",
-                 backend, t0);
+    cr_assert_eq(wait_exit(spawn(argv)), 0, "sluice-compute --backend %s --t0-slots %s %s failed",
+                 backend, t0, extra ? extra : "");
 }
 
 static void same(const char *a, const char *b)
@@ -105,38 +107,47 @@ Test(compute_gpu, same_bytes_from_every_tier_and_from_the_cpu_twin, .timeout = 3
     snprintf(cpu, sizeof cpu, "%s/cpu.bin", dir);
     snprintf(rs, sizeof rs, "%s/restart.bin", dir);
     pid_t f = fetcher();
-    run_compute("gpu", "0", zc);
-    run_compute("gpu", "8", t0s);
-    run_compute("gpu", "96", t0l);
-    run_compute("cpu", "0", cpu);
+    run_compute("gpu", "0", zc, NULL);
+    run_compute("gpu", "8", t0s, NULL);
+    run_compute("gpu", "96", t0l, NULL);
+    run_compute("cpu", "0", cpu, NULL);
     same(zc, t0s);
     same(zc, t0l);
     same(zc, cpu);
-    /* A restart in the middle of a GPU run. */
-    const char *argv[] = {SL_BIN_DIR "/sluice-compute",
-                          "-m",
-                          model,
-                          "--endpoint",
-                          endpoint,
-                          "-n",
-                          "32",
-                          "--seed",
-                          "3",
-                          "--backend",
-                          "gpu",
-                          "-o",
-                          rs,
-                          NULL};
-    pid_t c = spawn(argv);
-    usleep(300000);
-    kill(f, SIGKILL);
-    wait_exit(f);
-    f = fetcher();
-    cr_assert_eq(wait_exit(c), 0, "GPU run across a fetcher restart failed (log: %s)", log_path);
-    same(zc, rs);
+    /* A device tier filled before the first step. */
+    run_compute("gpu", "50", t0l, "--t0-preload");
+    same(zc, t0l);
+    /* Restarts in the middle of a GPU run: T0 sized automatically, then zero-copy (the
+     * old mapping is read by queued work when the fetcher dies). */
+    for (int zero_copy = 0; zero_copy < 2; zero_copy++) {
+        const char *argv[] = {SL_BIN_DIR "/sluice-compute",
+                              "-m",
+                              model,
+                              "--endpoint",
+                              endpoint,
+                              "-n",
+                              "32",
+                              "--seed",
+                              "3",
+                              "--backend",
+                              "gpu",
+                              "-o",
+                              rs,
+                              zero_copy ? "--zero-copy" : NULL,
+                              NULL};
+        pid_t c = spawn(argv);
+        usleep(300000);
+        kill(f, SIGKILL);
+        wait_exit(f);
+        f = fetcher();
+        cr_assert_eq(wait_exit(c), 0, "GPU run across a fetcher restart failed (log: %s)",
+                     log_path);
+        same(zc, rs);
+    }
     kill(f, SIGTERM);
     wait_exit(f);
-    printf("compute_gpu: zero-copy, T0 8 and 96 slots, CPU twin and a restart: same bytes\n");
+    printf("compute_gpu: zero-copy, T0 8, 96 and 50 preloaded slots, CPU twin and restarts (T0 "
+           "auto, zero-copy): same bytes\n");
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
