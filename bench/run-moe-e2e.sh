@@ -20,7 +20,9 @@ if ! ls "$dir"/sluice-bench-L4-00001-of-*.gguf >/dev/null 2>&1; then
     "$build/bin/sluice-synth" --preset bench-L4 --out "$dir" --shards 4 --seed 1 --quiet
 fi
 first=$(ls "$dir"/sluice-bench-L4-00001-of-*.gguf)
-ceilings=$("$build/bin/bench-ceilings" -m "$first" | tee /dev/stderr | tail -n 1)
+"$build/bin/bench-ceilings" -m "$first" >/tmp/sluice-e2e-ceilings.txt
+cat /tmp/sluice-e2e-ceilings.txt
+ceilings=$(tail -n 1 /tmp/sluice-e2e-ceilings.txt)
 fpin=""
 cpin=""
 if [ -n "$cpus" ]; then
@@ -41,7 +43,7 @@ run() {
     shift
     # shellcheck disable=SC2086
     "$build/bin/sluice-compute" -m "$first" --endpoint "$ep" -n "$steps" --seed 7 --backend gpu \
-        $ceilings $cpin "$@" 2>&1 | grep -v '^  \(experts\|T1 host\|GPU  \|T0 dev\|GPU left\)' |
+        $ceilings $cpin "$@" 2>&1 | grep -v '^  \(experts  \|T1 host\|GPU  \|T0 dev\|GPU left\)' |
         grep -v 'memory plan:\|layers, dim'
 }
 for routing in uniform zipf:1.0; do

@@ -74,9 +74,13 @@ typedef struct plan {
 /* The parts of a layer, timed separately so that the summary shows where the fixed
  * per-layer cost goes. */
 enum { SUB_NORM, SUB_SHARED, SUB_ROUTER, SUB_SELECT, SUB_GATHER, SUB_FINISH, SUB_RESIDUAL, N_SUB };
-static const char *const sub_names[N_SUB] = {
-    "residual + ffn_norm", "queue shared expert", "router + logits (waits for the GPU)", "top-k",
-    "gather + launches",   "queue down + sum",    "step end (residual, h download)"};
+static const char *const sub_names[N_SUB] = {"residual + ffn_norm",
+                                             "queue router + shared expert",
+                                             "wait for the logits (and the GPU)",
+                                             "top-k",
+                                             "gather + launches",
+                                             "queue down + sum",
+                                             "step end (residual, h download)"};
 
 typedef struct stage_times {
     uint64_t route_ns, wait_ns, compute_ns;
@@ -970,11 +974,12 @@ static int route_x(sl_compute *c, layer_w *w, sl_moe_route *route, sl_err *err)
     int rc;
 #ifdef SL_HAVE_CUDA
     if (c->backend == SL_BACKEND_GPU) {
-        /* The shared expert needs no routing: it runs on the side stream while the
-         * router's logits come back and the picks are gathered. */
-        rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
+        /* The shared expert needs no routing: it is queued on the side stream while
+         * the router runs and its logits come back, and runs beside the routing. */
+        rc = sl_gpu_router_start(c->gpu, c->x_dev, w->router_dev, err);
+        if (!rc) rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
         lap(c, SUB_SHARED, &t);
-        if (!rc) rc = sl_gpu_router_logits(c->gpu, c->x_dev, w->router_dev, c->logits, err);
+        if (!rc) rc = sl_gpu_router_wait(c->gpu, c->logits, err);
         lap(c, SUB_ROUTER, &t);
         if (!rc) rc = sl_router_select(c->logits, w->bias, &c->shape, route, err);
         lap(c, SUB_SELECT, &t);
@@ -1029,6 +1034,7 @@ static int place(sl_compute *c, uint32_t l, uint32_t rank, uint32_t e, uint32_t 
         return 0;
     }
 #endif
+    (void)err;
     c->by_rank[rank] = slot_parts(c, host_slot, l, e);
     return rc;
 }
@@ -1133,7 +1139,10 @@ static int gather(sl_compute *c, uint32_t l, const sl_moe_route *route, sl_fetch
                   .pending = t0_ranks,
                   .n_pending = defer ? n_t0 : 0,
                   .err = err};
-    uint32_t asked = *n_pins, restarts = sl_fetch_client_reconnects(c->client);
+    uint32_t asked = *n_pins;
+#ifdef SL_HAVE_CUDA
+    uint32_t restarts = sl_fetch_client_reconnects(c->client);
+#endif
     rc = sl_fetch_client_get_each(c->client, l, want, asked, pins, c->opt.timeout_ms, on_arrival,
                                   &g, err);
 #ifdef SL_HAVE_CUDA

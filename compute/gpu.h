@@ -111,6 +111,14 @@ int sl_gpu_residual_norm(sl_gpu_ctx *ctx, uint16_t *h_dev, const uint16_t *y_dev
 int sl_gpu_router_logits(sl_gpu_ctx *ctx, const uint16_t *x_dev, const uint16_t *router_dev,
                          float *logits, sl_err *err);
 
+/* The same in two halves, so that the host can queue other work (the shared expert)
+ * while the GEMV runs and its logits come back: start queues the GEMV and the download
+ * on the main stream; wait blocks until the logits are on the host (everything queued
+ * on the main stream before start has then completed) and copies them out. */
+int sl_gpu_router_start(sl_gpu_ctx *ctx, const uint16_t *x_dev, const uint16_t *router_dev,
+                        sl_err *err);
+int sl_gpu_router_wait(sl_gpu_ctx *ctx, float *logits, sl_err *err);
+
 /* Queues the shared expert of x_dev on the side stream (after the work already on the
  * main stream, which produced x); the next sl_gpu_moe_routed adds its output last. */
 int sl_gpu_moe_shared(sl_gpu_ctx *ctx, const uint16_t *x_dev, const sl_moe_expert_w *shared,

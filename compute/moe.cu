@@ -46,12 +46,14 @@ struct sl_gpu_ctx {
     int dt_ok;            /* the bulk-copy down fits this shape */
     cudaStream_t main, side;
     cudaEvent_t ev_in, ev_sh;
-    int shared_pending; /* the side stream has a shared output for the next routed call */
-    uint32_t n_last;    /* experts of the last routed call (for peek) */
-    sl_kscratch rs, ss; /* routed [SL_GPU_MAX_USED] and shared [1] scratch */
-    float *y_sh;        /* [dim] the shared expert's output */
-    float *logits_dev;  /* [n_expert] */
-    float *logits_host; /* [n_expert] pinned */
+    cudaEvent_t ev_logits; /* the router's logits are in logits_host */
+    int router_pending;    /* sl_gpu_router_start without its wait yet */
+    int shared_pending;    /* the side stream has a shared output for the next routed call */
+    uint32_t n_last;       /* experts of the last routed call (for peek) */
+    sl_kscratch rs, ss;    /* routed [SL_GPU_MAX_USED] and shared [1] scratch */
+    float *y_sh;           /* [dim] the shared expert's output */
+    float *logits_dev;     /* [n_expert] */
+    float *logits_host;    /* [n_expert] pinned */
     /* the token between sl_gpu_moe_begin and sl_gpu_moe_finish */
     int in_token;
     const uint16_t *x;                 /* [dim] bf16, device */
@@ -243,6 +245,7 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
     CK(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking), "cudaStreamCreate(side)");
     CK(cudaEventCreateWithFlags(&c->ev_in, cudaEventDisableTiming), "cudaEventCreate(in)");
     CK(cudaEventCreateWithFlags(&c->ev_sh, cudaEventDisableTiming), "cudaEventCreate(shared)");
+    CK(cudaEventCreateWithFlags(&c->ev_logits, cudaEventDisableTiming), "cudaEventCreate(logits)");
     if (alloc_scratch(&c->rs, SL_GPU_MAX_USED, s->inter, err)) return err ? err->code : SL_EIO;
     if (alloc_scratch(&c->ss, 1, s->inter, err)) return err ? err->code : SL_EIO;
     CK(cudaMalloc((void **)&c->y_sh, sizeof(float) * s->dim), "cudaMalloc(y_sh)");
@@ -304,6 +307,7 @@ extern "C" void sl_gpu_close(sl_gpu_ctx **pc)
     cudaFreeHost(c->logits_host);
     if (c->ev_in) cudaEventDestroy(c->ev_in);
     if (c->ev_sh) cudaEventDestroy(c->ev_sh);
+    if (c->ev_logits) cudaEventDestroy(c->ev_logits);
     if (c->main) cudaStreamDestroy(c->main);
     if (c->side) cudaStreamDestroy(c->side);
     free(c);
@@ -396,12 +400,10 @@ extern "C" int sl_gpu_residual_norm(sl_gpu_ctx *c, uint16_t *h, const uint16_t *
     return 0;
 }
 
-extern "C" int sl_gpu_router_logits(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w,
-                                    float *logits, sl_err *err)
+extern "C" int sl_gpu_router_start(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w, sl_err *err)
 {
-    if (!c || !logits) return sl_err_set(err, SL_EINVAL, "sl_gpu_router_logits: NULL argument");
-    if (check_ptr(x, "sl_gpu_router_logits: x", err) ||
-        check_ptr(w, "sl_gpu_router_logits: w", err))
+    if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_router_start: NULL context");
+    if (check_ptr(x, "sl_gpu_router_start: x", err) || check_ptr(w, "sl_gpu_router_start: w", err))
         return SL_EINVAL;
     const sl_moe_shape *s = &c->shape;
     const uint32_t grid = (s->n_expert + BF_NW - 1) / BF_NW;
@@ -411,9 +413,28 @@ extern "C" int sl_gpu_router_logits(sl_gpu_ctx *c, const uint16_t *x, const uint
     CK(cudaMemcpyAsync(c->logits_host, c->logits_dev, sizeof(float) * s->n_expert,
                        cudaMemcpyDeviceToHost, c->main),
        "cudaMemcpyAsync(logits)");
-    CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(router)");
-    memcpy(logits, c->logits_host, sizeof(float) * s->n_expert);
+    CK(cudaEventRecord(c->ev_logits, c->main), "cudaEventRecord(logits)");
+    c->router_pending = 1;
     return 0;
+}
+
+extern "C" int sl_gpu_router_wait(sl_gpu_ctx *c, float *logits, sl_err *err)
+{
+    if (!c || !logits) return sl_err_set(err, SL_EINVAL, "sl_gpu_router_wait: NULL argument");
+    if (!c->router_pending)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_router_wait: no sl_gpu_router_start");
+    c->router_pending = 0;
+    CK(cudaEventSynchronize(c->ev_logits), "cudaEventSynchronize(logits)");
+    memcpy(logits, c->logits_host, sizeof(float) * c->shape.n_expert);
+    return 0;
+}
+
+extern "C" int sl_gpu_router_logits(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w,
+                                    float *logits, sl_err *err)
+{
+    if (!logits) return sl_err_set(err, SL_EINVAL, "sl_gpu_router_logits: NULL argument");
+    int rc = sl_gpu_router_start(c, x, w, err);
+    return rc ? rc : sl_gpu_router_wait(c, logits, err);
 }
 
 extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_expert_w *sh,

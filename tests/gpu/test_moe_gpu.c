@@ -584,6 +584,9 @@ Test(moe_gpu, rejects_bad_arguments)
     cr_assert_eq(sl_gpu_malloc(c, &out, 1024, &err), 0);
     cr_assert_eq(sl_gpu_moe_routed(c, out, &r, w, out, NULL, &err), SL_EINVAL);
     cr_assert(strstr(err.msg, "aligned"), "%s", err.msg);
+    float logits[384];
+    cr_assert_eq(sl_gpu_router_wait(c, logits, &err), SL_EINVAL, "a wait needs a start");
+    cr_assert_eq(sl_gpu_residual_norm(c, NULL, NULL, NULL, 1e-6f, NULL, &err), SL_EINVAL);
     sl_gpu_free(c, out);
     sl_gpu_close(&c);
     cr_assert_null(c);
