@@ -18,6 +18,10 @@ struct sl_trace {
     sl_span *ring; /* [capacity] */
     uint32_t capacity;
     uint64_t written; /* spans ever recorded */
+    /* tracks that are not threads (sl_trace_add_on), and their names */
+    uint32_t track_id[SL_TRACE_TRACKS];
+    char track_name[SL_TRACE_TRACKS][32];
+    uint32_t n_tracks;
 };
 
 uint64_t sl_now_ns(void)
@@ -59,7 +63,30 @@ void sl_trace_add(sl_trace *t, const char *name, int32_t layer, int32_t expert, 
                   uint64_t start_ns, uint64_t end_ns)
 {
     if (!t) return;
-    sl_span s = {.tid = (uint32_t)syscall(SYS_gettid),
+    sl_trace_add_on(t, (uint32_t)syscall(SYS_gettid), name, layer, expert, bytes, start_ns, end_ns);
+}
+
+int sl_trace_name_track(sl_trace *t, uint32_t track, const char *name, sl_err *err)
+{
+    if (!t) return 0;
+    pthread_mutex_lock(&t->lock);
+    int rc = 0;
+    if (t->n_tracks == SL_TRACE_TRACKS) {
+        rc = sl_err_set(err, SL_ENOMEM, "trace: more than %d named tracks", SL_TRACE_TRACKS);
+    } else {
+        t->track_id[t->n_tracks] = track;
+        snprintf(t->track_name[t->n_tracks], sizeof t->track_name[0], "%s", name);
+        t->n_tracks++;
+    }
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+void sl_trace_add_on(sl_trace *t, uint32_t track, const char *name, int32_t layer, int32_t expert,
+                     uint64_t bytes, uint64_t start_ns, uint64_t end_ns)
+{
+    if (!t) return;
+    sl_span s = {.tid = track,
                  .layer = layer,
                  .expert = expert,
                  .bytes = bytes,
@@ -112,6 +139,14 @@ int sl_trace_write_json(const sl_trace *t, const char *path, sl_err *err)
             t->pid);
     json_str(f, t->process);
     fprintf(f, "}}");
+    for (uint32_t k = 0; k < t->n_tracks; k++) {
+        fprintf(
+            f,
+            ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%u,\"tid\":%u,\"args\":{\"name\":",
+            t->pid, t->track_id[k]);
+        json_str(f, t->track_name[k]);
+        fprintf(f, "}}");
+    }
     for (uint64_t i = 0; i < n; i++) {
         const sl_span *s = &t->ring[(first + i) % t->capacity];
         fprintf(f, ",\n{\"ph\":\"X\",\"name\":");

@@ -34,6 +34,16 @@ void sl_trace_close(sl_trace **t);
 void sl_trace_add(sl_trace *t, const char *name, int32_t layer, int32_t expert, uint64_t bytes,
                   uint64_t start_ns, uint64_t end_ns);
 
+/* Tracks that are not threads of the process (e.g. the GPU's own timeline): a track id
+ * no thread id takes (above the kernel's pid_max, 2^22), and a name for the viewer. */
+#define SL_TRACE_TRACKS    8
+#define SL_TRACE_TRACK_GPU 0x40000001u
+int sl_trace_name_track(sl_trace *t, uint32_t track, const char *name, sl_err *err);
+
+/* Records one span on a given track (t may be NULL). Thread-safe. */
+void sl_trace_add_on(sl_trace *t, uint32_t track, const char *name, int32_t layer, int32_t expert,
+                     uint64_t bytes, uint64_t start_ns, uint64_t end_ns);
+
 /* Spans recorded so far (at most capacity) and spans overwritten. */
 uint64_t sl_trace_count(const sl_trace *t);
 uint64_t sl_trace_dropped(const sl_trace *t);

@@ -61,6 +61,15 @@ typedef struct t0_tier {
     uint8_t *in_use;   /* [n_slot] 1 while the current layer uses it */
 } t0_tier;
 
+/* A span of the GPU's own timeline, between two marks (gpu.h), while tracing. */
+typedef struct gpu_span {
+    const char *name;
+    int32_t layer, expert;
+    uint64_t bytes;
+    uint32_t from, to; /* mark ids; 0 = not taken */
+} gpu_span;
+#define GPU_SPANS 1024
+
 /* What the start-up memory plan prints (bytes). */
 typedef struct plan {
     uint64_t gpu_total, gpu_free; /* device memory, and free after the resident weights */
@@ -112,7 +121,11 @@ struct sl_compute {
     t0_tier t0;
     plan plan;
     uint8_t launched[64]; /* ranks of this layer whose experts are queued (hits first) */
+    uint32_t mark_layer, mark_routed; /* this layer's first marks (--trace) */
+    uint64_t *mark_ns;                /* [SL_GPU_MARKS] their times (--trace) */
 #endif
+    gpu_span gspan[GPU_SPANS]; /* this step's GPU spans, by timeline marks (--trace) */
+    uint32_t n_gspan;
     sl_fetch_pin held[64]; /* the pins of the layer whose GPU work may still run */
     uint32_t n_held;
     uint64_t hit_t0;
@@ -721,6 +734,11 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
     }
     if (o->trace_path) {
         rc = sl_trace_open(&c->trace, "sluice-compute", TRACE_CAPACITY, err);
+        if (!rc) rc = sl_trace_name_track(c->trace, SL_TRACE_TRACK_GPU, "GPU (CUDA events)", err);
+#ifdef SL_HAVE_CUDA
+        if (!rc && !(c->mark_ns = malloc(SL_GPU_MARKS * sizeof *c->mark_ns)))
+            rc = sl_err_set(err, SL_ENOMEM, "out of memory");
+#endif
         if (rc) goto fail;
     }
     if (o->out_path) {
@@ -830,6 +848,9 @@ void sl_compute_close(sl_compute **pc)
         free(c->layers);
     }
     sl_trace_close(&c->trace);
+#ifdef SL_HAVE_CUDA
+    free(c->mark_ns);
+#endif
     free(c->embd_row);
     free(c->f32);
     free(c->logits);
@@ -968,6 +989,39 @@ static void lap(sl_compute *c, int sub, uint64_t *t)
     *t = now;
 }
 
+#ifdef SL_HAVE_CUDA
+/* A timeline mark on the compute stream when tracing (0 otherwise, or when the batch
+ * is full: the span is then left out). */
+static uint32_t gmark(sl_compute *c)
+{
+    uint32_t id = 0;
+    if (c->mark_ns && c->backend == SL_BACKEND_GPU && sl_gpu_mark(c->gpu, &id, NULL)) id = 0;
+    return id;
+}
+
+static void gspan(sl_compute *c, const char *name, int32_t layer, int32_t expert, uint64_t bytes,
+                  uint32_t from, uint32_t to)
+{
+    if (from && to && c->n_gspan < GPU_SPANS)
+        c->gspan[c->n_gspan++] = (gpu_span){name, layer, expert, bytes, from, to};
+}
+
+/* The step's GPU spans into the trace, on the GPU's own track (waits for the GPU). */
+static void gspans_flush(sl_compute *c)
+{
+    uint64_t *ns = c->mark_ns;
+    uint32_t n = 0;
+    if (!ns || sl_gpu_marks_read(c->gpu, ns, &n, NULL)) return;
+    for (uint32_t i = 0; i < c->n_gspan; i++) {
+        const gpu_span *g = &c->gspan[i];
+        if (g->to < n)
+            sl_trace_add_on(c->trace, SL_TRACE_TRACK_GPU, g->name, g->layer, g->expert, g->bytes,
+                            ns[g->from], ns[g->to]);
+    }
+    c->n_gspan = 0;
+}
+#endif
+
 static int route_x(sl_compute *c, layer_w *w, sl_moe_route *route, sl_err *err)
 {
     uint64_t t = sl_now_ns();
@@ -977,6 +1031,7 @@ static int route_x(sl_compute *c, layer_w *w, sl_moe_route *route, sl_err *err)
         /* The shared expert needs no routing: it is queued on the side stream while
          * the router runs and its logits come back, and runs beside the routing. */
         rc = sl_gpu_router_start(c->gpu, c->x_dev, w->router_dev, err);
+        c->mark_routed = gmark(c);
         if (!rc) rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
         lap(c, SUB_SHARED, &t);
         if (!rc) rc = sl_gpu_router_wait(c->gpu, c->logits, err);
@@ -1022,7 +1077,11 @@ static int place(sl_compute *c, uint32_t l, uint32_t rank, uint32_t e, uint32_t 
         if (c->t0.n_slot) {
             /* Already copied (this layer, before a fetcher restart), or a new copy. */
             uint32_t t = c->t0.slot_of[(uint64_t)l * c->cfg.n_expert + e];
-            if (t == NO_SLOT) t = t0_fill(c, l, e, host_slot, &rc, err);
+            if (t == NO_SLOT) {
+                uint32_t m0 = gmark(c);
+                t = t0_fill(c, l, e, host_slot, &rc, err);
+                gspan(c, "copy T1->T0", (int32_t)l, (int32_t)e, c->t0.slot_bytes, m0, gmark(c));
+            }
             if (rc) return rc;
             if (t != NO_SLOT) {
                 c->t0.in_use[t] = 1;
@@ -1275,6 +1334,9 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
 {
     layer_w *w = &c->layers[l];
     uint64_t t0 = sl_now_ns(), t = t0;
+#ifdef SL_HAVE_CUDA
+    c->mark_layer = gmark(c);
+#endif
     int rc = residual_norm(c, l > 0, w, err);
     lap(c, SUB_NORM, &t);
     sl_moe_route route;
@@ -1297,6 +1359,11 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     if (c->t0.n_slot) memset(c->t0.in_use, 0, c->t0.n_slot);
 #endif
     if (rc) return sl_err_prefix(err, "layer %u", l);
+#ifdef SL_HAVE_CUDA
+    uint32_t done = gmark(c);
+    gspan(c, "norm + router", (int32_t)l, -1, 0, c->mark_layer, c->mark_routed);
+    gspan(c, "experts", (int32_t)l, -1, 0, c->mark_routed, done);
+#endif
     lap(c, SUB_FINISH, &t);
     c->t.route_ns += t1 - t0;
     c->t.wait_ns += t2 - t1;
@@ -1315,6 +1382,7 @@ static int step(sl_compute *c, uint64_t s, sl_err *err)
 #ifdef SL_HAVE_CUDA
     if (!rc && c->backend == SL_BACKEND_GPU)
         rc = sl_gpu_upload(c->gpu, c->h_dev, c->h, c->cfg.dim * sizeof(uint16_t), err);
+    if (!rc && c->mark_ns && c->backend == SL_BACKEND_GPU) rc = sl_gpu_mark_anchor(c->gpu, err);
 #endif
     for (uint32_t l = 0; l < c->cfg.n_layer && !rc; l++) rc = layer_step(c, l, err);
     uint64_t t = sl_now_ns();
@@ -1326,6 +1394,9 @@ static int step(sl_compute *c, uint64_t s, sl_err *err)
 #endif
     put_held(c);
     c->t.sub_ns[SUB_RESIDUAL] += sl_now_ns() - t;
+#ifdef SL_HAVE_CUDA
+    if (!rc) gspans_flush(c);
+#endif
     return rc;
 }
 

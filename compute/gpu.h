@@ -157,6 +157,18 @@ int sl_gpu_moe_finish(sl_gpu_ctx *ctx, uint16_t *out_dev, float *out_f32_dev, sl
  * arena slot); returns without waiting, so later work on the stream sees the bytes. */
 int sl_gpu_upload_async(sl_gpu_ctx *ctx, void *dev, const void *host, size_t bytes, sl_err *err);
 
+/* ---- timeline marks (tracing) ----
+ * Events recorded on the main stream and read back as CLOCK_MONOTONIC times, so that
+ * the GPU's own spans (copies, kernels) sit in the trace beside the host's. A batch
+ * starts with an anchor (waits for the stream), takes up to SL_GPU_MARKS - 1 marks,
+ * and ends with sl_gpu_marks_read (waits for the last mark). */
+#define SL_GPU_MARKS 4096
+int sl_gpu_mark_anchor(sl_gpu_ctx *ctx, sl_err *err);
+/* *id: the mark's index in the batch (1, 2, ...). SL_ENOMEM when the batch is full. */
+int sl_gpu_mark(sl_gpu_ctx *ctx, uint32_t *id, sl_err *err);
+/* ns[0..*n): the batch's times (ns[0] the anchor's); the batch is then over. */
+int sl_gpu_marks_read(sl_gpu_ctx *ctx, uint64_t *ns, uint32_t *n, sl_err *err);
+
 /* Test hook: waits, then copies the last layer's intermediates to the host (each
  * nullable): h [n_used][inter] (experts by increasing id), hq [n_used][inter] and
  * hd [n_used][inter/32] (its q8_1), h_sh [inter], y_sh [dim] (the shared expert). */

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpu.h"
 #include "moe_kern.cuh"
@@ -62,6 +63,10 @@ struct sl_gpu_ctx {
     uint32_t queued;                   /* bit r: rank r's gate/up is queued */
     sl_ktab all;                       /* by slot: the down pointers for finish */
     int down_host;                     /* some queued expert's down is in host memory */
+    /* timeline marks (sl_gpu_mark): created on first use */
+    cudaEvent_t *marks; /* [SL_GPU_MARKS] */
+    uint32_t n_marks;   /* recorded since the anchor; 0 = no anchor yet */
+    uint64_t anchor_ns; /* CLOCK_MONOTONIC when mark 0 had completed */
 };
 
 #define CK(call, label)                                                                            \
@@ -308,6 +313,9 @@ extern "C" void sl_gpu_close(sl_gpu_ctx **pc)
     if (c->ev_in) cudaEventDestroy(c->ev_in);
     if (c->ev_sh) cudaEventDestroy(c->ev_sh);
     if (c->ev_logits) cudaEventDestroy(c->ev_logits);
+    for (uint32_t i = 0; c->marks && i < SL_GPU_MARKS; i++)
+        if (c->marks[i]) cudaEventDestroy(c->marks[i]);
+    free(c->marks);
     if (c->main) cudaStreamDestroy(c->main);
     if (c->side) cudaStreamDestroy(c->side);
     free(c);
@@ -610,5 +618,62 @@ extern "C" int sl_gpu_moe_peek(sl_gpu_ctx *c, float *h, int8_t *hq, float *hd, f
     if (y_sh)
         CK(cudaMemcpy(y_sh, c->y_sh, sizeof(float) * c->shape.dim, cudaMemcpyDeviceToHost),
            "peek(y_sh)");
+    return 0;
+}
+
+/* ---- timeline marks ---- */
+
+static uint64_t host_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+extern "C" int sl_gpu_mark_anchor(sl_gpu_ctx *c, sl_err *err)
+{
+    if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_mark_anchor: NULL context");
+    if (!c->marks) {
+        c->marks = (cudaEvent_t *)calloc(SL_GPU_MARKS, sizeof *c->marks);
+        if (!c->marks) return sl_err_set(err, SL_ENOMEM, "sl_gpu_mark_anchor: out of memory");
+        for (uint32_t i = 0; i < SL_GPU_MARKS; i++)
+            CK(cudaEventCreate(&c->marks[i]), "cudaEventCreate(mark)");
+    }
+    /* On an idle stream the anchor completes at once: its host time is taken right
+     * after, so every later mark is placed on the host clock to within the latency of
+     * one event (microseconds). */
+    CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(anchor)");
+    CK(cudaEventRecord(c->marks[0], c->main), "cudaEventRecord(anchor)");
+    CK(cudaEventSynchronize(c->marks[0]), "cudaEventSynchronize(anchor)");
+    c->anchor_ns = host_now_ns();
+    c->n_marks = 1;
+    return 0;
+}
+
+extern "C" int sl_gpu_mark(sl_gpu_ctx *c, uint32_t *id, sl_err *err)
+{
+    if (!c || !id) return sl_err_set(err, SL_EINVAL, "sl_gpu_mark: NULL argument");
+    if (!c->n_marks) return sl_err_set(err, SL_EINVAL, "sl_gpu_mark: no sl_gpu_mark_anchor");
+    if (c->n_marks == SL_GPU_MARKS)
+        return sl_err_set(err, SL_ENOMEM, "sl_gpu_mark: %d marks since the anchor", SL_GPU_MARKS);
+    CK(cudaEventRecord(c->marks[c->n_marks], c->main), "cudaEventRecord(mark)");
+    *id = c->n_marks++;
+    return 0;
+}
+
+extern "C" int sl_gpu_marks_read(sl_gpu_ctx *c, uint64_t *ns, uint32_t *n, sl_err *err)
+{
+    if (!c || !ns || !n) return sl_err_set(err, SL_EINVAL, "sl_gpu_marks_read: NULL argument");
+    uint32_t have = c->n_marks;
+    *n = have;
+    if (!have) return 0;
+    CK(cudaEventSynchronize(c->marks[have - 1]), "cudaEventSynchronize(marks)");
+    ns[0] = c->anchor_ns;
+    for (uint32_t i = 1; i < have; i++) {
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, c->marks[0], c->marks[i]), "cudaEventElapsedTime(mark)");
+        ns[i] = c->anchor_ns + (uint64_t)((double)ms * 1e6);
+    }
+    c->n_marks = 0;
     return 0;
 }

@@ -67,3 +67,35 @@ Test(trace, unwritable_path_is_an_error)
     cr_assert(strstr(err.msg, "/nonexistent-dir/x.json.tmp"), "%s", err.msg);
     sl_trace_close(&t);
 }
+
+Test(trace, named_tracks_carry_their_spans)
+{
+    sl_trace *t = NULL;
+    sl_err err = {0};
+    cr_assert_eq(sl_trace_open(&t, "p", 16, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_trace_name_track(t, SL_TRACE_TRACK_GPU, "GPU", &err), 0, "%s", err.msg);
+    sl_trace_add_on(t, SL_TRACE_TRACK_GPU, "copy", 3, 7, 4096, 2000, 5000);
+    sl_trace_add(t, "route", 3, -1, 0, 1000, 1500);
+    for (uint32_t k = 1; k < SL_TRACE_TRACKS; k++)
+        cr_assert_eq(sl_trace_name_track(t, 100 + k, "x", &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_trace_name_track(t, 999, "one too many", &err), SL_ENOMEM);
+    char path[] = "/tmp/sl-trace-track-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    cr_assert_eq(sl_trace_write_json(t, path, &err), 0, "%s", err.msg);
+    char *j = slurp(path);
+    char want[128];
+    snprintf(want, sizeof want,
+             "\"name\":\"thread_name\",\"pid\":%u,\"tid\":%u,\"args\":{\"name\":\"GPU\"}",
+             (unsigned)getpid(), SL_TRACE_TRACK_GPU);
+    cr_assert(strstr(j, want), "%s", j);
+    snprintf(want, sizeof want,
+             "\"name\":\"copy\",\"pid\":%u,\"tid\":%u,\"ts\":2.000,\"dur\":3.000",
+             (unsigned)getpid(), SL_TRACE_TRACK_GPU);
+    cr_assert(strstr(j, want), "%s", j);
+    cr_assert_eq(count(j, "thread_name"), SL_TRACE_TRACKS);
+    free(j);
+    unlink(path);
+    sl_trace_close(&t);
+}

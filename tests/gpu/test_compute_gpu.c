@@ -114,6 +114,35 @@ Test(compute_gpu, same_bytes_from_every_tier_and_from_the_cpu_twin, .timeout = 3
     same(zc, t0s);
     same(zc, t0l);
     same(zc, cpu);
+    /* Tracing changes no byte, and the trace holds the GPU's own spans. */
+    char tr[200];
+    snprintf(tr, sizeof tr, "%s/trace.json", dir);
+    const char *targv[] = {SL_BIN_DIR "/sluice-compute",
+                           "-m",
+                           model,
+                           "--endpoint",
+                           endpoint,
+                           "-n",
+                           "32",
+                           "--seed",
+                           "3",
+                           "--backend",
+                           "gpu",
+                           "--t0-slots",
+                           "8",
+                           "--trace",
+                           tr,
+                           "-o",
+                           t0s,
+                           NULL};
+    cr_assert_eq(wait_exit(spawn(targv)), 0, "traced run failed (log: %s)", log_path);
+    same(zc, t0s);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "grep -q 'GPU (CUDA events)' '%s' && grep -q '\"copy T1->T0\"' '%s' && "
+             "grep -q '\"experts\"' '%s'",
+             tr, tr, tr);
+    cr_assert_eq(system(cmd), 0, "the trace %s lacks the GPU track's spans", tr);
     /* A device tier filled before the first step. */
     run_compute("gpu", "50", t0l, "--t0-preload");
     same(zc, t0l);
@@ -147,8 +176,7 @@ Test(compute_gpu, same_bytes_from_every_tier_and_from_the_cpu_twin, .timeout = 3
     kill(f, SIGTERM);
     wait_exit(f);
     printf("compute_gpu: zero-copy, T0 8, 96 and 50 preloaded slots, CPU twin and restarts (T0 "
-           "auto, zero-copy): same bytes\n");
-    char cmd[128];
+           "auto, zero-copy), traced: same bytes\n");
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
 }
