@@ -65,6 +65,23 @@ float sl_router_score(float logit)
     return sqrtf(sp);
 }
 
+/* Whether the key score(logit) + b certainly falls below kth (so the expert cannot
+ * enter the kept top-k), decided without computing the score: softplus(l) <=
+ * max(l, 0) + ln 2, so score <= sqrt(max(l, 0) + 0.6932); compare squares, with a
+ * relative margin (1e-5) far above the few ulps of expf/log1pf/sqrtf and an absolute
+ * one (1e-6 of |kth| + |b|) above the roundings of kth - b and of score + b. Most
+ * experts of a layer are skipped this way once k keys are kept; the picks and their
+ * weights are exactly those of computing every score (tests/test_router.c). NaN and
+ * infinite inputs never take the shortcut. */
+static int score_below(float logit, float b, float kth)
+{
+    const float d = kth - b;
+    const float dm = d - (fabsf(kth) + fabsf(b)) * 1e-6f;
+    if (!(dm > 0.0f) || !(dm < INFINITY) || !(logit < INFINITY)) return 0;
+    const float ub2 = fmaxf(logit, 0.0f) + 0.6932f;
+    return ub2 * (1.0f + 1e-5f) < dm * dm;
+}
+
 /* Strict "ranks before" of the selection: larger key, then lower index. Keys are
  * never NaN here (mapped to -inf by the caller). */
 static int ranks_before(float ka, uint32_t ia, float kb, uint32_t ib)
@@ -89,8 +106,10 @@ int sl_router_select(const float *logits, const float *bias, const sl_moe_shape 
     uint32_t idx[SL_ROUTER_MAX_USED];
     uint32_t n = 0;
     for (uint32_t e = 0; e < s->n_expert; e++) {
+        const float b = bias ? bias[e] : 0.0f;
+        if (n == k && score_below(logits[e], b, key[k - 1])) continue;
         const float sc = sl_router_score(logits[e]);
-        float kv = bias ? sc + bias[e] : sc;
+        float kv = bias ? sc + b : sc;
         if (isnan(kv)) kv = -INFINITY;
         if (n == k && !ranks_before(kv, e, key[k - 1], idx[k - 1])) continue;
         uint32_t pos = n < k ? n : k - 1;

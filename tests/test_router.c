@@ -588,3 +588,57 @@ Test(router_cross, router_equals_the_gpu_emulation_bit_for_bit)
     free(a);
     free(b);
 }
+
+/* The selection skips experts whose key certainly falls below the k-th kept one
+ * without computing their score: against every score computed, with continuous
+ * logits over a wide range and biases that put keys just above, at and just below the
+ * threshold. */
+Test(router_select, shortcut_changes_nothing)
+{
+    rng r = {4242};
+    static float logits[384], bias[384];
+    static keyed ks[384];
+    for (int t = 0; t < 3000; t++) {
+        const uint32_t n = 384, k = 1 + (uint32_t)(rng_next(&r) % 8);
+        const float span = t % 3 == 0 ? 40.0f : t % 3 == 1 ? 4.0f : 0.01f;
+        for (uint32_t e = 0; e < n; e++) {
+            logits[e] = ((float)(rng_next(&r) % 2000001) / 1000000.0f - 1.0f) * span;
+            bias[e] = t % 2 ? ((float)(rng_next(&r) % 2001) / 1000.0f - 1.0f) * 0.5f : 0.0f;
+        }
+        /* Near-ties with the would-be k-th key: copy keys across experts, nudged. */
+        for (uint32_t e = 0; e < n; e++) {
+            ks[e].key = sl_router_score(logits[e]) + bias[e];
+            ks[e].idx = e;
+        }
+        qsort(ks, n, sizeof ks[0], cmp_keyed);
+        float kth = ks[k - 1].key;
+        for (uint32_t j = 0; j < 6; j++) {
+            uint32_t e = (uint32_t)(rng_next(&r) % n);
+            float sc = sl_router_score(logits[e]);
+            int ulps = (int)(rng_next(&r) % 5) - 2;
+            bias[e] = kth - sc;
+            uint32_t u;
+            memcpy(&u, &bias[e], 4);
+            u = (uint32_t)((int32_t)u + ulps);
+            memcpy(&bias[e], &u, 4);
+        }
+        sl_moe_shape s = shape(n, k, 1, 2.5f);
+        sl_moe_route rt;
+        cr_assert_eq(sl_router_select(logits, bias, &s, &rt, NULL), 0);
+        float score[384];
+        for (uint32_t e = 0; e < n; e++) {
+            score[e] = sl_router_score(logits[e]);
+            ks[e].key = score[e] + bias[e];
+            ks[e].idx = e;
+        }
+        qsort(ks, n, sizeof ks[0], cmp_keyed);
+        float sum = 0.0f;
+        for (uint32_t i = 0; i < k; i++) sum += score[ks[i].idx];
+        for (uint32_t i = 0; i < k; i++) {
+            cr_assert_eq(rt.expert[i], ks[i].idx, "trial %d k %u: rank %u is %u, want %u", t, k, i,
+                         rt.expert[i], ks[i].idx);
+            float w = score[ks[i].idx] / (sum + 1e-20f) * 2.5f;
+            cr_assert_eq(memcmp(&rt.weight[i], &w, 4), 0, "trial %d rank %u weight", t, i);
+        }
+    }
+}
