@@ -37,7 +37,9 @@ start_fetcher() {
     "$build/bin/sluice-fetcher" -m "$first" --endpoint "$ep" --arena-slots 1536 -q $fpin &
     fpid=$!
 }
-trap '[ -z "$fpid" ] || kill $fpid 2>/dev/null || true' EXIT
+# On exit the fetcher is stopped and waited for: the next fetcher of this model (another
+# bench script) is refused while this one still holds the arena.
+trap '[ -z "$fpid" ] || { kill $fpid 2>/dev/null; wait $fpid 2>/dev/null; } || true' EXIT
 run() {
     echo "== $1"
     shift

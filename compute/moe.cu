@@ -31,8 +31,10 @@
 #define GT_NW   8    /* warps per group, bulk-copy gate/up */
 #define GT_TR   16   /* rows of gate (and of up) per stage */
 #define GT_ST   4    /* stages in flight per CTA (2 per group) */
-#define DT_LPR  8    /* lanes per row, bulk-copy down */
-#define DT_TD   8    /* output rows per CTA, bulk-copy down */
+#define DP_LPR  4    /* lanes per row (k_dot2_q3_k), bulk-copy down */
+#define DP_TD   8    /* output rows per tile (stage), bulk-copy down */
+#define DP_ST   1    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
+#define DP_NG   1    /* warp groups per CTA, persistent bulk-copy down */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
@@ -40,11 +42,12 @@
 struct sl_gpu_ctx {
     int dev, n_sm;
     sl_moe_shape shape;
-    int sh_bf16;          /* 1: the shared expert is BF16 */
-    int gu_maxv, dn_maxv; /* register chunks per lane of one step (4|8, 8|16) */
-    int gu_occ;           /* CTAs per SM of the register-staged gate/up */
-    int gt_ok, gt_occ;    /* the bulk-copy gate/up fits this shape; its CTAs per SM */
-    int dt_ok;            /* the bulk-copy down fits this shape */
+    int sh_bf16;                     /* 1: the shared expert is BF16 */
+    int gu_maxv, dn_maxv;            /* register chunks per lane of one step (4|8, 8|16) */
+    int gu_occ;                      /* CTAs per SM of the register-staged gate/up */
+    int gt_ok, gt_occ;               /* the bulk-copy gate/up fits this shape; its CTAs per SM */
+    int dt_ok;                       /* the bulk-copy down fits this shape */
+    int dt_occ[SL_GPU_MAX_USED + 1]; /* its CTAs per SM for n experts (persistent grid) */
     cudaStream_t main, side;
     cudaEvent_t ev_in, ev_sh;
     cudaEvent_t ev_logits; /* the router's logits are in logits_host */
@@ -142,11 +145,15 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
                                bool tma, bool pdl)
 {
     const uint32_t dim = c->shape.dim, inter = c->shape.inter;
-    if (tma)
-        return k_launch(k_down_tma_q3_k<DT_LPR, DT_TD>, dim / DT_TD,
-                        k_down_tma_threads(tab.n, DT_LPR, DT_TD),
-                        k_down_tma_smem(tab.n, inter, DT_TD), st, pdl, tab, (const int8_t *)s.hq,
+    if (tma) {
+        /* persistent (ST > 1): as many CTAs as fit; else one per tile */
+        uint32_t grid = DP_ST == 1 ? dim / DP_TD : (uint32_t)(c->dt_occ[tab.n] * c->n_sm);
+        if (grid > dim / DP_TD) grid = dim / DP_TD;
+        return k_launch(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>, grid,
+                        k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
+                        k_dpt_smem(tab.n, inter, DP_TD, DP_ST), st, pdl, tab, (const int8_t *)s.hq,
                         (const float *)s.hd, dim, inter, extra, out_f32, out);
+    }
     const size_t smem = k_down2_smem(tab.n, c->dn_maxv);
     const uint32_t grid = (dim / 4 + DN_T - 1) / DN_T;
     if (c->dn_maxv == 8)
@@ -202,13 +209,16 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         if (rc) return rc;
         c->gt_ok = c->gt_occ >= 1;
     }
-    const size_t dt_smem = k_down_tma_smem(SL_GPU_MAX_USED, inter, DT_TD);
-    if (dt_smem + 1024 <= (size_t)optin) { /* + its static arrays */
-        rc = prep_kernel(k_down_tma_q3_k<DT_LPR, DT_TD>,
-                         (int)k_down_tma_threads(SL_GPU_MAX_USED, DT_LPR, DT_TD), dt_smem, &occ,
-                         "k_down_tma_q3_k", err);
-        if (rc) return rc;
-        c->dt_ok = occ >= 1;
+    const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST);
+    if (dt_smem + 1024 <= (size_t)optin) {           /* + its static arrays */
+        for (int n = 1; n <= SL_GPU_MAX_USED; n++) { /* the last sets the largest limit */
+            rc = prep_kernel(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>,
+                             (int)k_dpt_threads(n, DP_LPR, DP_TD, DP_NG),
+                             k_dpt_smem(n, inter, DP_TD, DP_ST), &c->dt_occ[n], "k_down_pt_q3_k",
+                             err);
+            if (rc) return rc;
+        }
+        c->dt_ok = c->dt_occ[SL_GPU_MAX_USED] >= 1;
     }
     rc = prep_kernel(k_gateup_bf16<BF_NW>, BF_NW * 32, sizeof(float) * dim, &occ, "k_gateup_bf16",
                      err);
@@ -569,7 +579,7 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
     CK(launch_quant_h(c, c->rs, n, c->main, pdl_q), "k_quant_h");
     const bool dt = !c->down_host;
     CK(launch_down(c, c->all, c->rs, extra, out_f32, out, c->main, dt, USE_PDL && dt),
-       dt ? "k_down_tma_q3_k" : "k_down2_q3_k");
+       dt ? "k_down_pt_q3_k" : "k_down2_q3_k");
     c->n_last = n;
     return 0;
 }

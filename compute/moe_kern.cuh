@@ -187,6 +187,39 @@ __device__ __forceinline__ float k_dot_q2_k(const uint8_t *row, const int8_t *aq
     return acc;
 }
 
+/* Group g of one Q3_K block against its 32 q8_1 codes aq_g: sum of (s - 32) * code * q
+ * over the group's two 16-value halves, exact in int. hm: the block's hmask words; qw:
+ * the qs words of g's 128-value half, g's codes at shift sh; lo8, hi4: the 12 packed
+ * scale bytes (0..7, 8..11). Codes are low - 4 * (1 - hbit), so that one signed dp4a
+ * takes 4 of them. */
+__device__ __forceinline__ int k_q3_group(const uint32_t (&hm)[8], const uint32_t (&qw)[8], int g,
+                                          int sh, uint64_t lo8, uint32_t hi4,
+                                          const int8_t *__restrict__ aq_g)
+{
+    const int4 *aw = (const int4 *)aq_g;
+    const int4 a0 = __ldg(aw), a1 = __ldg(aw + 1);
+    const int av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    int c0 = 0, c1 = 0;
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        const uint32_t lo = (qw[w] >> sh) & 0x03030303u;
+        const uint32_t nh = (~hm[w] >> g) & 0x01010101u;
+        const int code = (int)(lo | nh * 0xFCu);
+        if (w < 4)
+            c0 = __dp4a(code, av[w], c0);
+        else
+            c1 = __dp4a(code, av[w], c1);
+    }
+    const int k0 = 2 * g, k1 = 2 * g + 1;
+    const int s0 = (int)(((lo8 >> (8 * (k0 & 7) + 4 * (k0 >> 3))) & 15) |
+                         ((hi4 >> (8 * (k0 & 3) + 2 * (k0 >> 2))) & 3) << 4) -
+                   32;
+    const int s1 = (int)(((lo8 >> (8 * (k1 & 7) + 4 * (k1 >> 3))) & 15) |
+                         ((hi4 >> (8 * (k1 & 3) + 2 * (k1 >> 2))) & 3) << 4) -
+                   32;
+    return s0 * c0 + s1 * c1;
+}
+
 /* One lane's share of a Q3_K row (8 lanes per row, lane g = group g of every block;
  * see sl_emu_dot_q3_k). row is 2-byte aligned in shared memory; the activation
  * (codes aq, scales ad) is read through L1. */
@@ -200,33 +233,12 @@ __device__ __forceinline__ float k_dot_q3_k(const uint8_t *row, const int8_t *__
         uint32_t hm[8], qw[8];
         k_ld8(blk, hm);
         k_ld8(blk + 32 + 32 * (g >> 2), qw);
-        const int4 *aw = (const int4 *)(aq + 256 * b + 32 * g);
-        const int4 a0 = __ldg(aw), a1 = __ldg(aw + 1);
-        const int av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-        int c0 = 0, c1 = 0;
-#pragma unroll
-        for (int w = 0; w < 8; w++) {
-            const uint32_t lo = (qw[w] >> sh) & 0x03030303u;
-            const uint32_t nh = (~hm[w] >> g) & 0x01010101u;
-            const int code = (int)(lo | nh * 0xFCu); /* bytes low - 4*(1 - hbit) */
-            if (w < 4)
-                c0 = __dp4a(code, av[w], c0);
-            else
-                c1 = __dp4a(code, av[w], c1);
-        }
         /* scales: bytes 0..7 and 8..11 of the 12 packed bytes */
         uint32_t sw[3];
         k_ld3(blk + 96, sw);
         const uint64_t lo8 = (uint64_t)sw[0] | (uint64_t)sw[1] << 32;
-        const uint32_t hi4 = sw[2];
-        const int k0 = 2 * g, k1 = 2 * g + 1;
-        const int s0 = (int)(((lo8 >> (8 * (k0 & 7) + 4 * (k0 >> 3))) & 15) |
-                             ((hi4 >> (8 * (k0 & 3) + 2 * (k0 >> 2))) & 3) << 4) -
-                       32;
-        const int s1 = (int)(((lo8 >> (8 * (k1 & 7) + 4 * (k1 >> 3))) & 15) |
-                             ((hi4 >> (8 * (k1 & 3) + 2 * (k1 >> 2))) & 3) << 4) -
-                       32;
-        acc = sl_emu_q3_k_step(acc, k_half(blk + 108), s0 * c0 + s1 * c1, __ldg(ad + 8 * b + g));
+        const int isum = k_q3_group(hm, qw, g, sh, lo8, sw[2], aq + 256 * b + 32 * g);
+        acc = sl_emu_q3_k_step(acc, k_half(blk + 108), isum, __ldg(ad + 8 * b + g));
     }
     return acc;
 }
@@ -615,6 +627,20 @@ __device__ __forceinline__ void k_pdl_go()
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+/* The start of a bulk-copy pipeline: thread 0 initialises the ST stage barriers and
+ * queues the first ST stages (weights do not depend on the previous kernel), then every
+ * thread waits for the previous kernel (PDL) and lets the next one start its own. */
+template <int ST, typename F> __device__ __forceinline__ void k_pipe_start(uint64_t *bar, F &issue)
+{
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < ST; i++) k_mbar_init(bar + i, 1);
+        k_mbar_fence_init();
+        for (int i = 0; i < ST; i++) issue((uint32_t)i);
+    }
+    k_pdl_wait();
+    k_pdl_go();
+}
+
 /* Bytes of one stage of k_gateup_tma_q2_k: TR rows of gate, then TR rows of up. */
 __host__ __device__ inline uint32_t k_gut_stage(uint32_t dim, int tr)
 {
@@ -657,13 +683,7 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
                                    k_bulk(dst, tab.e[e].gate + (size_t)r0 * rb, TR * rb, b);
                                    k_bulk(dst + TR * rb, tab.e[e].up + (size_t)r0 * rb, TR * rb, b);
     };
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < ST; i++) k_mbar_init(bar + i, 1);
-        k_mbar_fence_init();
-        for (int i = 0; i < ST; i++) issue((uint32_t)i);
-    }
-    k_pdl_wait();
-    k_pdl_go();
+    k_pipe_start<ST>(bar, issue);
     k_quant_x<NG * NW, true>(x, dim, aq, ad, as);
     __syncthreads();
 
@@ -824,6 +844,152 @@ inline uint32_t k_down_tma_threads(int n, int lpr, int td)
 inline size_t k_down_tma_smem(int n, uint32_t inter, int td)
 {
     return (size_t)n * td * (inter / 256 * 110);
+}
+
+/* ---- persistent pipelined down: bench run 7 (bench/results/2026-11-30-moe.md) ----
+ *
+ * k_down_tma_q3_k queues every byte of its CTA at once and computes only when they have
+ * landed, so the CTAs of a wave load together and then decode together (the copies
+ * and the decode of one SM do not overlap), and its 640 CTAs are 1.2 waves. Here a CTA
+ * walks tiles t = blockIdx.x, + grid, ... with ST stages of one tile each (every
+ * expert's TD rows), so the next tiles' copies run while a tile is decoded, and tiles
+ * of TD = 4 rows leave no wave tail worth a tile. NG groups of warps take the CTA's
+ * tiles in turn (group G the k-th tiles with k = G mod NG), each with its own named
+ * barrier. A tile of TD rows starts 8-byte aligned only, so each expert's slice is
+ * copied as the 16-byte chunks covering it (within the 16-byte aligned tensor) into a
+ * slot of k_dpt_cap bytes. The arithmetic and the combine are k_down_tma_q3_k's.
+ * Measured (run 7), the persistent shapes lost inside the gate/up -> down chain;
+ * compute/moe.cu ships ST 1 (one tile a CTA) with 4 lanes a row (k_dot2_q3_k). */
+
+/* Bytes of one expert's slot in a stage (the chunks covering TD rows, any 8-aligned
+ * start). */
+__host__ __device__ inline uint32_t k_dpt_cap(uint32_t inter, int td)
+{
+    return ((uint32_t)td * (inter / 256 * 110) + 15) / 16 * 16 + 16;
+}
+inline size_t k_dpt_smem(int n, uint32_t inter, int td, int st)
+{
+    return (size_t)st * n * k_dpt_cap(inter, td);
+}
+inline uint32_t k_dpt_threads(int n, int lpr, int td, int ng)
+{
+    return (uint32_t)(ng * n * td * lpr);
+}
+
+/* The two accumulators (groups g = 4j + q and g + 2 of every block, in increasing b)
+ * of lane sub = 2j + q of one Q3_K row (4 lanes a row; row 2-byte aligned in shared
+ * memory; the activation read through L1). The two groups share their qs, hmask and
+ * scale words (shifts 2q and 2q + 4), which halves the shared-memory loads and
+ * realignments of k_dot_q3_k per weight. */
+__device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__restrict__ aq,
+                                            const float *__restrict__ ad, uint32_t nb, int sub,
+                                            float (&acc)[2])
+{
+    const int j = sub >> 1, q = sub & 1;
+    acc[0] = 0.0f;
+    acc[1] = 0.0f;
+    for (uint32_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + 110 * b;
+        uint32_t hm[8], qw[8], sw[3];
+        k_ld8(blk, hm);
+        k_ld8(blk + 32 + 32 * j, qw);
+        k_ld3(blk + 96, sw);
+        const uint64_t lo8 = (uint64_t)sw[0] | (uint64_t)sw[1] << 32;
+        const uint32_t hi4 = sw[2];
+        const float d = k_half(blk + 108);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int g = 4 * j + q + 2 * i, sh = 2 * q + 4 * i;
+            const int isum = k_q3_group(hm, qw, g, sh, lo8, hi4, aq + 256 * b + 32 * g);
+            acc[i] = sl_emu_q3_k_step(acc[i], d, isum, __ldg(ad + 8 * b + g));
+        }
+    }
+}
+
+/* The 8-lane butterfly of sl_emu_dot_q3_k over the 4 lanes of a row (sub = 2j + q)
+ * holding groups 4j + q and 4j + q + 2: its xor 4 flips j (xor 2 here), its xor 2 is
+ * the sum inside the lane, its xor 1 flips q. All 4 lanes end with the sum. */
+__device__ __forceinline__ float k_comb22(float (&a)[2])
+{
+    a[0] = sl_emu_add(a[0], __shfl_xor_sync(~0u, a[0], 2));
+    a[1] = sl_emu_add(a[1], __shfl_xor_sync(~0u, a[1], 2));
+    const float t = sl_emu_add(a[0], a[1]);
+    return sl_emu_add(t, __shfl_xor_sync(~0u, t, 1));
+}
+
+/* Down (Q3_K) of every expert of the table and their sum, persistent over tiles of TD
+ * output rows (see the section comment); LPR lanes a row (8: k_dot_q3_k, 4:
+ * k_dot2_q3_k), a group of n*TD*LPR threads (warp-aligned: TD*LPR % 32 == 0), the
+ * bf16-rounded outputs meet in shared memory and TD threads of the group add them in
+ * table order (increasing expert id), then `extra`. blockDim = NG*n*TD*LPR. */
+template <int LPR, int TD, int ST, int NG>
+__global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
+    k_down_pt_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
+                   const float *__restrict__ hd, uint32_t dim, uint32_t inter,
+                   const float *__restrict__ extra, float *__restrict__ out_f32,
+                   uint16_t *__restrict__ out_bf16)
+{
+    static_assert(ST % NG == 0, "a stage always serves the same group");
+    static_assert(TD * LPR % 32 == 0, "an expert's rows fill whole warps");
+    extern __shared__ int4 k_smem[];
+    __shared__ float ys[NG][2][SL_GPU_MAX_USED][TD];
+    __shared__ uint64_t bar[ST];
+    const uint32_t rb = inter / 256 * 110, nb = inter / 256, cap = k_dpt_cap(inter, TD);
+    const uint32_t tiles = dim / TD, grid = gridDim.x;
+    const int n = tab.n, gsz = n * TD * LPR;
+    const int grp = threadIdx.x / gsz, in = threadIdx.x % gsz;
+    const int e = in / (TD * LPR), r = in % (TD * LPR) / LPR, sub = in % LPR;
+    uint8_t *stage = (uint8_t *)k_smem;
+
+    auto issue = [&](uint32_t k) { /* the CTA's k-th tile into stage k % ST */
+                                   const uint32_t t = blockIdx.x + k * grid;
+                                   if (t >= tiles) return;
+                                   const size_t at = (size_t)t * TD * rb;
+                                   const uint32_t off = (uint32_t)(at & 15);
+                                   const uint32_t bytes = (off + TD * rb + 15) / 16 * 16;
+                                   uint8_t *dst = stage + (size_t)(k % ST) * n * cap;
+                                   uint64_t *b = bar + k % ST;
+                                   k_mbar_expect(b, (uint32_t)n * bytes);
+                                   for (int x = 0; x < n; x++)
+                                       k_bulk(dst + (size_t)x * cap, tab.e[x].down + at - off,
+                                              bytes, b);
+    };
+    k_pipe_start<ST>(bar, issue);
+    __syncthreads(); /* the barriers are initialised */
+    const int8_t *aq = hq + (size_t)e * inter;
+    const float *adp = hd + (size_t)e * (inter / 32);
+    for (uint32_t k = grp; blockIdx.x + k * grid < tiles; k += NG) {
+        const uint32_t t = blockIdx.x + k * grid;
+        const uint32_t off = (uint32_t)(((size_t)t * TD * rb) & 15);
+        k_mbar_wait(bar + k % ST, (k / ST) & 1);
+        const uint8_t *row = stage + (size_t)(k % ST) * n * cap + (size_t)e * cap + off + r * rb;
+        float a;
+        if (LPR == 8) {
+            a = k_butterfly(k_dot_q3_k(row, aq, adp, nb, sub), 4);
+        } else {
+            float acc[2];
+            k_dot2_q3_k(row, aq, adp, nb, sub, acc);
+            a = k_comb22(acc);
+        }
+        float(*y)[TD] = ys[grp][(k / NG) & 1]; /* rewritten 2 tiles later, after a barrier */
+        if (sub == 0) y[e][r] = sl_emu_bf16_round(a);
+        if (NG == 1)
+            __syncthreads();
+        else /* the group's own barrier (id 0 is __syncthreads') */
+            asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "r"(gsz) : "memory");
+        if (in == 0) {
+            k_fence_proxy();
+            issue(k + ST);
+        }
+        if (in < TD) {
+            const uint32_t o = t * TD + in;
+            float v = 0.0f;
+            for (int x = 0; x < n; x++) v = sl_emu_add(v, y[x][in]);
+            if (extra) v = sl_emu_add(v, extra[o]);
+            if (out_f32) out_f32[o] = v;
+            if (out_bf16) out_bf16[o] = sl_emu_bf16_bits(v);
+        }
+    }
 }
 
 /* q8_1 of h as k_quant_h, for launches with programmatic dependent launch. */

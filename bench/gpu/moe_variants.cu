@@ -124,7 +124,23 @@ extern "C" int mb_ptr_kind(const void *p, int n)
 }
 
 enum { G_RUN4, G_4P, G_T8_16_3, G_T8_16_4, G_T8x2_16_4, G_T4x4_8_8, G_T8x3_16_3 };
-enum { D_RUN4, D_T2_8, D_T8_8, D_T8_16 };
+enum {
+    D_RUN4,
+    D_T2_8,
+    D_T8_8,
+    D_T8_16,
+    D_P8_4_2_1,
+    D_P8_4_3_1,
+    D_P8_4_4_2,
+    D_P8_4_2_2,
+    D_P8_8_2_1,
+    D_P4_8_2_1,
+    D_P4_8_3_1,
+    D_P4_8_4_2,
+    D_P8_4_1_1,
+    D_P4_8_2_2,
+    D_P4_8_1_1
+};
 
 struct variant {
     const char *name;
@@ -134,7 +150,14 @@ struct variant {
 
 static const variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
-    {"gt 2x NW8 TR16 ST4 + dt LPR8 TD8, PDL (compute, device weights)", G_T8x2_16_4, D_T8_8, true},
+    {"gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST1, one tile a CTA, PDL (compute, device weights)",
+     G_T8x2_16_4, D_P4_8_1_1, true},
+    {"gt 2x NW8 TR16 ST4 + dt LPR8 TD8, PDL (run 6)", G_T8x2_16_4, D_T8_8, true},
+    {"gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST2 1x, PDL", G_T8x2_16_4, D_P4_8_2_1, true},
+    {"gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST2 2x, PDL", G_T8x2_16_4, D_P4_8_2_2, true},
+    {"gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST4 2x, PDL", G_T8x2_16_4, D_P4_8_4_2, true},
+    {"gt 2x NW8 TR16 ST4 + dp LPR8 TD4 ST4 2x, PDL", G_T8x2_16_4, D_P8_4_4_2, true},
+    {"gt 2x NW8 TR16 ST4 + dp LPR8 TD4 ST1, one tile a CTA, PDL", G_T8x2_16_4, D_P8_4_1_1, true},
     {"gt 2x NW8 TR16 ST4 + dt LPR8 TD8, no PDL", G_T8x2_16_4, D_T8_8, false},
     {"gt 4x NW4 TR8 ST8 + dt LPR8 TD8, PDL", G_T4x4_8_8, D_T8_8, true},
     {"gt 3x NW8 TR16 ST3 + dt LPR8 TD8, PDL", G_T8x3_16_3, D_T8_8, true},
@@ -200,6 +223,34 @@ static cudaError_t dt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     return k_launch(k_down_tma_q3_k<LPR, TD>, io->dim / TD, k_down_tma_threads(tab.n, LPR, TD),
                     smem, 0, pdl, tab, (const int8_t *)s.hq, (const float *)s.hd, io->dim,
                     io->inter, (const float *)NULL, io->out_f32, io->out);
+}
+
+/* The persistent down: as many CTAs as fit (ST 1: one CTA per tile). */
+template <int LPR, int TD, int ST, int NG>
+static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
+                             bool pdl)
+{
+    const size_t smem = k_dpt_smem(tab.n, io->inter, TD, ST);
+    const uint32_t threads = k_dpt_threads(tab.n, LPR, TD, NG);
+    static int occ = 0; /* bench only: set once per instantiation */
+    if (!occ) {
+        cudaError_t rc =
+            cudaFuncSetAttribute(k_down_pt_q3_k<LPR, TD, ST, NG>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc == cudaSuccess)
+            rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &occ, k_down_pt_q3_k<LPR, TD, ST, NG>, threads, smem);
+        if (rc != cudaSuccess) return rc;
+        if (!occ) return cudaErrorInvalidConfiguration;
+        printf("  [down pt LPR %d TD %d ST %d NG %d: %d CTAs/SM, %u threads, smem %zu]\n", LPR, TD,
+               ST, NG, occ, threads, smem);
+    }
+    const uint32_t tiles = io->dim / TD;
+    uint32_t grid = ST == 1 ? tiles : (uint32_t)(occ * n_sm);
+    if (grid > tiles) grid = tiles;
+    return k_launch(k_down_pt_q3_k<LPR, TD, ST, NG>, grid, threads, smem, 0, pdl, tab,
+                    (const int8_t *)s.hq, (const float *)s.hd, io->dim, io->inter,
+                    (const float *)NULL, io->out_f32, io->out);
 }
 
 template <int NW, bool PF, bool FQ, int MINB>
@@ -316,6 +367,28 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         return dt_launch<8, 8>(io, tab, s, V.pdl);
     case D_T8_16:
         return dt_launch<8, 16>(io, tab, s, V.pdl);
+    case D_P8_4_2_1:
+        return dp_launch<8, 4, 2, 1>(io, tab, s, n_sm, V.pdl);
+    case D_P8_4_3_1:
+        return dp_launch<8, 4, 3, 1>(io, tab, s, n_sm, V.pdl);
+    case D_P8_4_4_2:
+        return dp_launch<8, 4, 4, 2>(io, tab, s, n_sm, V.pdl);
+    case D_P8_4_2_2:
+        return dp_launch<8, 4, 2, 2>(io, tab, s, n_sm, V.pdl);
+    case D_P8_8_2_1:
+        return dp_launch<8, 8, 2, 1>(io, tab, s, n_sm, V.pdl);
+    case D_P4_8_2_1:
+        return dp_launch<4, 8, 2, 1>(io, tab, s, n_sm, V.pdl);
+    case D_P4_8_3_1:
+        return dp_launch<4, 8, 3, 1>(io, tab, s, n_sm, V.pdl);
+    case D_P4_8_4_2:
+        return dp_launch<4, 8, 4, 2>(io, tab, s, n_sm, V.pdl);
+    case D_P8_4_1_1:
+        return dp_launch<8, 4, 1, 1>(io, tab, s, n_sm, V.pdl);
+    case D_P4_8_2_2:
+        return dp_launch<4, 8, 2, 2>(io, tab, s, n_sm, V.pdl);
+    case D_P4_8_1_1:
+        return dp_launch<4, 8, 1, 1>(io, tab, s, n_sm, V.pdl);
     default:
         return dn2_launch<1>(io, tab, s);
     }
