@@ -94,6 +94,7 @@ struct sl_fetcher {
     client clients[SL_FETCHER_MAX_CLIENTS];
     uint64_t next_seq;
     uint64_t start_ns;
+    uint64_t last_reclaim_ns; /* last look for pin rows of dead processes */
     counters c;
     uint8_t frame[SL_PROTO_FRAME_MAX];
 };
@@ -521,8 +522,10 @@ static int any_compute_client(const sl_fetcher *f)
     return 0;
 }
 
-/* Forgets a client: its READY pins are dropped; when no compute client is left,
- * pins taken straight from the shared table by the dead one are cleared too. */
+/* Forgets a client: its READY pins are dropped. Pins it took straight from the shared
+ * table are its process's pin row's, given back when the process is gone
+ * (check_clients); only pins no row accounts for (more compute processes than rows)
+ * are cleared here, when no compute client and no live pin row is left. */
 static void drop_client(sl_fetcher *f, int ci, const char *why)
 {
     client *c = &f->clients[ci];
@@ -535,7 +538,7 @@ static void drop_client(sl_fetcher *f, int ci, const char *why)
     c->used = 0;
     c->incarnation++;
     if (!f->opt.quiet) fprintf(stderr, "sluice-fetcher: client pid %u %s\n", c->pid, why);
-    if (!any_compute_client(f)) {
+    if (!any_compute_client(f) && !sl_arena_live_rows(f->arena)) {
         uint64_t stale = 0;
         for (uint32_t s = 0; s < f->n_slot; s++)
             stale += atomic_exchange(&f->arena->slots[s].readers, 0);
@@ -971,6 +974,15 @@ static void check_clients(sl_fetcher *f, uint64_t now)
         if (c->used && now > c->last_ns &&
             now - c->last_ns > (uint64_t)SL_FETCHER_CLIENT_TIMEOUT_MS * 1000000ull)
             drop_client(f, i, "went silent: dropped");
+    }
+    /* Pins a dead compute process took from the shared table, whatever its messages
+     * said: a few kill(pid, 0) per heartbeat. */
+    if (now - f->last_reclaim_ns >= (uint64_t)SL_PROTO_HEARTBEAT_MS * 1000000ull) {
+        f->last_reclaim_ns = now;
+        uint64_t n = sl_arena_reclaim_dead(f->arena);
+        if (n && !f->opt.quiet)
+            fprintf(stderr,
+                    "sluice-fetcher: gave back %" PRIu64 " pins of a dead compute process\n", n);
     }
 }
 

@@ -8,6 +8,7 @@
 #include "arena.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -29,20 +30,21 @@ void sl_arena_name(char out[SL_ARENA_NAME_MAX], uint64_t fingerprint)
     snprintf(out, SL_ARENA_NAME_MAX, "/sluice-%u-%016" PRIx64, (unsigned)getuid(), fingerprint);
 }
 
-/* Offsets of the table, slot records and data for a geometry. */
+/* Offsets of the table, slot records, pin rows and data for a geometry. */
 static void layout(uint32_t n_layer, uint32_t n_expert, uint32_t n_slot, uint64_t slot_bytes,
-                   uint64_t *table, uint64_t *meta, uint64_t *data, uint64_t *total)
+                   uint64_t *table, uint64_t *meta, uint64_t *pins, uint64_t *data, uint64_t *total)
 {
     *table = SL_ARENA_HEADER_BYTES;
     *meta = align_up(*table + (uint64_t)n_layer * n_expert * sizeof(uint64_t), 64);
-    *data = align_up(*meta + (uint64_t)n_slot * sizeof(sl_arena_slot), 4096);
+    *pins = align_up(*meta + (uint64_t)n_slot * sizeof(sl_arena_slot), 64);
+    *data = align_up(*pins + (uint64_t)SL_ARENA_PIN_ROWS * n_slot * sizeof(uint32_t), 4096);
     *total = *data + (uint64_t)n_slot * slot_bytes;
 }
 
 uint64_t sl_arena_bytes(uint32_t n_layer, uint32_t n_expert, uint32_t n_slot, uint64_t slot_bytes)
 {
-    uint64_t t, m, d, total;
-    layout(n_layer, n_expert, n_slot, slot_bytes, &t, &m, &d, &total);
+    uint64_t t, m, p, d, total;
+    layout(n_layer, n_expert, n_slot, slot_bytes, &t, &m, &p, &d, &total);
     return total;
 }
 
@@ -51,7 +53,9 @@ static void attach_views(sl_arena *a)
     a->hdr = (sl_arena_header *)a->base;
     a->table = (_Atomic uint64_t *)(a->base + a->hdr->table_offset);
     a->slots = (sl_arena_slot *)(a->base + a->hdr->meta_offset);
+    a->pins = (_Atomic uint32_t *)(a->base + a->hdr->pins_offset);
     a->data = a->base + a->hdr->data_offset;
+    a->pin_row = -2;
 }
 
 static uint64_t new_epoch(void)
@@ -113,8 +117,9 @@ int sl_arena_create(sl_arena **out, const sl_arena_config *cfg, sl_err *err)
     a->fd = -1;
     a->owner = 1;
     sl_arena_name(a->name, cfg->fingerprint);
-    uint64_t table, meta, data, total;
-    layout(cfg->n_layer, cfg->n_expert, cfg->n_slot, cfg->slot_bytes, &table, &meta, &data, &total);
+    uint64_t table, meta, pins, data, total;
+    layout(cfg->n_layer, cfg->n_expert, cfg->n_slot, cfg->slot_bytes, &table, &meta, &pins, &data,
+           &total);
     int rc = open_exclusive(a->name, &a->fd, err);
     if (rc) {
         a->owner = 0; /* the name is not ours to unlink */
@@ -163,12 +168,14 @@ int sl_arena_create(sl_arena **out, const sl_arena_config *cfg, sl_err *err)
     memcpy(h->part_capacity, cfg->part_capacity, sizeof h->part_capacity);
     h->table_offset = table;
     h->meta_offset = meta;
+    h->pins_offset = pins;
     h->data_offset = data;
     atomic_store(&h->fetcher_pid, (uint32_t)getpid());
     attach_views(a);
     for (uint64_t i = 0; i < (uint64_t)cfg->n_layer * cfg->n_expert; i++)
         atomic_store_explicit(&a->table[i], 0, memory_order_relaxed);
     memset(a->slots, 0, (uint64_t)cfg->n_slot * sizeof(sl_arena_slot));
+    memset((void *)a->pins, 0, (uint64_t)SL_ARENA_PIN_ROWS * cfg->n_slot * sizeof(uint32_t));
     atomic_store_explicit(&h->ready, 1, memory_order_release);
     *out = a;
     return 0;
@@ -205,7 +212,7 @@ int sl_arena_map(sl_arena **out, const char *name, uint64_t fingerprint, sl_err 
         rc = sl_err_errno(err, SL_EIO, errno, "pread(arena %s header)", name);
         goto fail;
     }
-    uint64_t table, meta, data, total;
+    uint64_t table, meta, pins, data, total;
     if (h.magic != SL_ARENA_MAGIC || h.layout_version != SL_ARENA_LAYOUT_VERSION) {
         rc = sl_err_set(err, SL_EFORMAT, "arena %s: not a sluice arena of layout %d", name,
                         SL_ARENA_LAYOUT_VERSION);
@@ -217,9 +224,9 @@ int sl_arena_map(sl_arena **out, const char *name, uint64_t fingerprint, sl_err 
                         h.fingerprint, fingerprint);
         goto fail;
     }
-    layout(h.n_layer, h.n_expert, h.n_slot, h.slot_bytes, &table, &meta, &data, &total);
-    if (h.table_offset != table || h.meta_offset != meta || h.data_offset != data ||
-        h.total_bytes != total || (uint64_t)st.st_size < total) {
+    layout(h.n_layer, h.n_expert, h.n_slot, h.slot_bytes, &table, &meta, &pins, &data, &total);
+    if (h.table_offset != table || h.meta_offset != meta || h.pins_offset != pins ||
+        h.data_offset != data || h.total_bytes != total || (uint64_t)st.st_size < total) {
         rc = sl_err_set(err, SL_EFORMAT, "arena %s: header geometry does not match its size", name);
         goto fail;
     }
@@ -242,6 +249,15 @@ void sl_arena_close(sl_arena **pa)
 {
     if (!pa || !*pa) return;
     sl_arena *a = *pa;
+    if (a->base && a->pin_row >= 0) {
+        /* Pins still held die with this mapping: give them back, then the row. */
+        _Atomic uint32_t *row = a->pins + (uint64_t)a->pin_row * a->hdr->n_slot;
+        for (uint32_t s = 0; s < a->hdr->n_slot; s++) {
+            uint32_t n = atomic_exchange(&row[s], 0);
+            if (n) atomic_fetch_sub(&a->slots[s].readers, n);
+        }
+        atomic_store(&a->hdr->pin_owner[a->pin_row], 0);
+    }
     if (a->base) munmap(a->base, a->total_bytes);
     if (a->owner && a->fd >= 0) shm_unlink(a->name);
     if (a->fd >= 0) close(a->fd);
@@ -254,6 +270,21 @@ int sl_arena_unlink_name(const char *name)
     return shm_unlink(name);
 }
 
+/* Takes a free pin row for this process (its pid, by compare-and-swap); none free
+ * leaves the pins unattributed (pin_row -1). */
+static void claim_row(sl_arena *a)
+{
+    uint32_t pid = (uint32_t)getpid();
+    a->pin_row = -1;
+    for (int i = 0; i < SL_ARENA_PIN_ROWS; i++) {
+        uint32_t want = 0;
+        if (atomic_compare_exchange_strong(&a->hdr->pin_owner[i], &want, pid)) {
+            a->pin_row = i;
+            return;
+        }
+    }
+}
+
 int sl_arena_pin_slot(sl_arena *a, uint32_t slot, uint32_t generation, uint32_t layer,
                       uint32_t expert)
 {
@@ -261,8 +292,13 @@ int sl_arena_pin_slot(sl_arena *a, uint32_t slot, uint32_t generation, uint32_t 
     sl_arena_slot *s = &a->slots[slot];
     atomic_fetch_add(&s->readers, 1); /* seq_cst: ordered before the checks below */
     if (atomic_load(&s->generation) == generation && atomic_load(&s->state) == SL_SLOT_READY &&
-        atomic_load(&s->layer) == layer && atomic_load(&s->expert) == expert)
+        atomic_load(&s->layer) == layer && atomic_load(&s->expert) == expert) {
+        if (a->pin_row == -2) claim_row(a);
+        if (a->pin_row >= 0)
+            atomic_fetch_add_explicit(&a->pins[(uint64_t)a->pin_row * a->hdr->n_slot + slot], 1,
+                                      memory_order_relaxed);
         return 1;
+    }
     atomic_fetch_sub(&s->readers, 1);
     return 0;
 }
@@ -283,8 +319,37 @@ int sl_arena_pin(sl_arena *a, uint32_t layer, uint32_t expert, uint32_t *slot, u
 void sl_arena_unpin(sl_arena *a, uint32_t slot)
 {
     SL_ASSERT(slot < a->hdr->n_slot);
+    if (a->pin_row >= 0)
+        atomic_fetch_sub_explicit(&a->pins[(uint64_t)a->pin_row * a->hdr->n_slot + slot], 1,
+                                  memory_order_relaxed);
     uint32_t before = atomic_fetch_sub(&a->slots[slot].readers, 1);
     SL_ASSERT(before > 0);
+}
+
+uint64_t sl_arena_reclaim_dead(sl_arena *a)
+{
+    uint64_t given = 0;
+    for (int i = 0; i < SL_ARENA_PIN_ROWS; i++) {
+        uint32_t pid = atomic_load(&a->hdr->pin_owner[i]);
+        if (!pid || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        _Atomic uint32_t *row = a->pins + (uint64_t)i * a->hdr->n_slot;
+        for (uint32_t s = 0; s < a->hdr->n_slot; s++) {
+            uint32_t n = atomic_exchange(&row[s], 0);
+            if (n) atomic_fetch_sub(&a->slots[s].readers, n);
+            given += n;
+        }
+        atomic_store(&a->hdr->pin_owner[i], 0);
+    }
+    return given;
+}
+
+int sl_arena_live_rows(sl_arena *a)
+{
+    for (int i = 0; i < SL_ARENA_PIN_ROWS; i++) {
+        uint32_t pid = atomic_load(&a->hdr->pin_owner[i]);
+        if (pid && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) return 1;
+    }
+    return 0;
 }
 
 int sl_arena_claim(sl_arena *a, uint32_t slot)

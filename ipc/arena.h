@@ -9,6 +9,8 @@
  *                             uint64 each: 0 = not resident, else
  *                             (generation << 32) | (slot + 1)
  *   [meta_offset, ...)        n_slot sl_arena_slot records (64 bytes each)
+ *   [pins_offset, ...)        pin rows: SL_ARENA_PIN_ROWS rows of n_slot _Atomic uint32,
+ *                             the pins each compute process holds per slot
  *   [data_offset, ...)        n_slot slots of slot_bytes each, 4096-aligned
  *
  * Ownership: the fetcher writes headers, table entries and slot meta; the compute
@@ -18,6 +20,11 @@
  * whose reader count is nonzero, and bumps the generation (then re-checks readers)
  * before it reuses one. Between processes only handles travel (epoch, slot,
  * generation), never pointers.
+ *
+ * Pins taken from the table are attributed: a compute process claims a pin row (its
+ * pid in pin_owner, by compare-and-swap) at its first pin and counts its pins per slot
+ * there too, so that the fetcher can give back exactly the pins of a process that died
+ * (sl_arena_reclaim_dead) while other compute processes keep theirs.
  */
 #ifndef SL_ARENA_H
 #define SL_ARENA_H
@@ -28,7 +35,8 @@
 #include "err.h"
 
 #define SL_ARENA_MAGIC          0x414e455245434c53ull /* "SLCERENA" */
-#define SL_ARENA_LAYOUT_VERSION 1
+#define SL_ARENA_LAYOUT_VERSION 2
+#define SL_ARENA_PIN_ROWS       16 /* compute processes whose pins are attributed */
 #define SL_ARENA_HEADER_BYTES   4096
 #define SL_ARENA_NAME_MAX       96
 
@@ -49,15 +57,17 @@ typedef struct sl_arena_header {
     uint32_t n_slot;
     uint32_t n_layer;
     uint32_t n_expert;
-    uint32_t align;                /* part region alignment (4096) */
-    uint64_t part_offset[3];       /* gate, up, down region start inside a slot */
-    uint64_t part_capacity[3];     /* region bytes */
-    uint64_t table_offset;         /* slot table */
-    uint64_t meta_offset;          /* slot records */
-    uint64_t data_offset;          /* slot bytes */
-    _Atomic uint32_t fetcher_pid;  /* pid of the owning fetcher */
-    _Atomic uint32_t ready;        /* 1 once the fetcher finished initialising */
-    _Atomic uint64_t heartbeat_ns; /* CLOCK_MONOTONIC of the owner's last beat */
+    uint32_t align;                                /* part region alignment (4096) */
+    uint64_t part_offset[3];                       /* gate, up, down region start inside a slot */
+    uint64_t part_capacity[3];                     /* region bytes */
+    uint64_t table_offset;                         /* slot table */
+    uint64_t meta_offset;                          /* slot records */
+    uint64_t data_offset;                          /* slot bytes */
+    _Atomic uint32_t fetcher_pid;                  /* pid of the owning fetcher */
+    _Atomic uint32_t ready;                        /* 1 once the fetcher finished initialising */
+    _Atomic uint64_t heartbeat_ns;                 /* CLOCK_MONOTONIC of the owner's last beat */
+    uint64_t pins_offset;                          /* pin rows */
+    _Atomic uint32_t pin_owner[SL_ARENA_PIN_ROWS]; /* pid holding each pin row, 0 = free */
 } sl_arena_header;
 
 typedef struct sl_arena_slot {
@@ -80,6 +90,8 @@ typedef struct sl_arena {
     _Atomic uint64_t *table; /* [n_layer * n_expert] */
     sl_arena_slot *slots;    /* [n_slot] */
     uint8_t *data;           /* [n_slot][slot_bytes] */
+    _Atomic uint32_t *pins;  /* [SL_ARENA_PIN_ROWS][n_slot] */
+    int pin_row;             /* this process's row: -2 not claimed yet, -1 none free */
 } sl_arena;
 
 /* What the creator decides. */
@@ -137,6 +149,14 @@ int sl_arena_pin_slot(sl_arena *a, uint32_t slot, uint32_t generation, uint32_t 
                       uint32_t expert);
 
 void sl_arena_unpin(sl_arena *a, uint32_t slot);
+
+/* Fetcher side: gives back the pins of every pin row whose process is gone (its pid no
+ * longer exists) and frees those rows. Returns the pins given back. A few system calls
+ * (one kill(pid, 0) per claimed row); call it now and then, not per request. */
+uint64_t sl_arena_reclaim_dead(sl_arena *a);
+
+/* Fetcher side: whether some pin row is held by a live process. */
+int sl_arena_live_rows(sl_arena *a);
 
 /* Fetcher side. Takes a slot for refilling: fails (returns 0) when it has readers;
  * otherwise its table entry is withdrawn, its generation bumped and its state set

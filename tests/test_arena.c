@@ -146,3 +146,60 @@ Test(arena, bad_geometry_is_refused)
     cr_assert_null(f);
     cr_assert(strstr(err.msg, "bad geometry"), "%s", err.msg);
 }
+
+/* Publishes (layer, expert) = (0, s) in slot s, for s < n. */
+static void publish_first(sl_arena *f, uint32_t n)
+{
+    for (uint32_t s = 0; s < n; s++) {
+        cr_assert_eq(sl_arena_claim(f, s), 1);
+        sl_arena_publish(f, s, 0, s);
+    }
+}
+
+Test(arena, pins_of_a_dead_process_are_given_back_and_a_live_ones_kept)
+{
+    sl_err err = {0};
+    sl_arena_config cfg = config(unique_fp(7));
+    sl_arena *f = NULL, *c = NULL;
+    cr_assert_eq(sl_arena_create(&f, &cfg, &err), 0, "%s", err.msg);
+    publish_first(f, 4);
+    /* This process pins slot 0 twice: its row, counted per slot. */
+    cr_assert_eq(sl_arena_map(&c, f->name, cfg.fingerprint, &err), 0, "%s", err.msg);
+    uint32_t slot, gen;
+    cr_assert_eq(sl_arena_pin(c, 0, 0, &slot, &gen), 1);
+    cr_assert_eq(sl_arena_pin(c, 0, 0, &slot, &gen), 1);
+    cr_assert_geq(c->pin_row, 0);
+    cr_assert_eq(atomic_load(&f->hdr->pin_owner[c->pin_row]), (uint32_t)getpid());
+    cr_assert_eq(atomic_load(&c->pins[(uint64_t)c->pin_row * 5 + 0]), 2);
+    /* A child pins slots 1-3 and dies without a word. */
+    pid_t pid = fork();
+    if (pid == 0) {
+        sl_arena *m = NULL;
+        uint32_t s, g;
+        if (sl_arena_map(&m, f->name, cfg.fingerprint, NULL)) _exit(2);
+        for (uint32_t e = 1; e < 4; e++)
+            if (!sl_arena_pin(m, 0, e, &s, &g)) _exit(3);
+        _exit(0);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d", st);
+    for (uint32_t s = 1; s < 4; s++) {
+        cr_assert_eq(atomic_load(&f->slots[s].readers), 1, "slot %u pinned by the dead child", s);
+        cr_assert_eq(sl_arena_claim(f, s), 0);
+    }
+    cr_assert(sl_arena_live_rows(f), "this process still holds its row");
+    cr_assert_eq(sl_arena_reclaim_dead(f), 3, "exactly the dead child's three pins");
+    for (uint32_t s = 1; s < 4; s++) cr_assert_eq(atomic_load(&f->slots[s].readers), 0);
+    cr_assert_eq(atomic_load(&f->slots[0].readers), 2, "the live process keeps its pins");
+    cr_assert_eq(sl_arena_reclaim_dead(f), 0);
+    cr_assert_eq(sl_arena_claim(f, 1), 1, "a given-back slot can be reused");
+    /* Closing a mapping gives back what it still holds, and its row. */
+    int row = c->pin_row;
+    sl_arena_unpin(c, 0);
+    sl_arena_close(&c);
+    cr_assert_eq(atomic_load(&f->slots[0].readers), 0);
+    cr_assert_eq(atomic_load(&f->hdr->pin_owner[row]), 0);
+    cr_assert_not(sl_arena_live_rows(f));
+    sl_arena_close(&f);
+}

@@ -30,6 +30,7 @@
 #include "gguf.h"
 #include "proto.h"
 #include "synth.h"
+#include "trace.h"
 
 typedef struct rig {
     char dir[64];
@@ -631,5 +632,51 @@ Test(fetcher, get_each_reports_hits_first_then_each_ready, .timeout = 60)
     }
     cr_assert_eq(sl_fetch_client_put(c, pins, 6, &err), 0, "%s", err.msg);
     sl_fetch_client_close(&c);
+    rig_free(&r);
+}
+
+Test(fetcher, pins_of_a_killed_compute_are_given_back_while_another_stays, .timeout = 60)
+{
+    rig r = {0};
+    rig_model(&r, 109, 1);
+    start_fetcher(&r, "40", NULL);
+    sl_fetch_client *a = connect_client(&r);
+    uint32_t ex[6] = {0, 1, 2, 3, 4, 5};
+    get_check_put(&r, a, 2, ex, 6); /* now resident */
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* A second compute process pins the six from the shared table and is killed
+         * while it holds them. */
+        sl_fetch_client *b = connect_client(&r);
+        sl_fetch_pin pins[6];
+        if (sl_fetch_client_get(b, 2, ex, 6, pins, 20000, NULL)) _exit(2);
+        for (int i = 0; i < 6; i++)
+            if (pins[i].from_fetcher) _exit(3);
+        if (write(p[1], "x", 1) != 1) _exit(4);
+        for (;;) pause();
+    }
+    char x;
+    cr_assert_eq(read(p[0], &x, 1), 1, "the second process got its pins");
+    sl_proto_stats_reply st;
+    sl_err err = {0};
+    cr_assert_eq(sl_fetch_client_stats(a, &st, 2000, &err), 0, "%s", err.msg);
+    cr_assert_eq(st.pinned, 6);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    /* Within a few heartbeats the fetcher notices the process is gone, although the
+     * first client is still connected. */
+    uint64_t deadline = sl_now_ns() + 3000000000ull;
+    do {
+        usleep(50000);
+        cr_assert_eq(sl_fetch_client_stats(a, &st, 2000, &err), 0, "%s", err.msg);
+    } while (st.pinned && sl_now_ns() < deadline);
+    cr_assert_eq(st.pinned, 0, "the killed process's pins are given back\n%s", log_tail(&r));
+    cr_assert(strstr(log_tail(&r), "gave back 6 pins"), "%s", log_tail(&r));
+    get_check_put(&r, a, 2, ex, 6);
+    close(p[0]);
+    close(p[1]);
+    sl_fetch_client_close(&a);
     rig_free(&r);
 }
