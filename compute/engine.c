@@ -121,8 +121,8 @@ struct sl_compute {
     t0_tier t0;
     plan plan;
     uint8_t launched[64]; /* ranks of this layer whose experts are queued (hits first) */
-    uint32_t mark_layer, mark_routed; /* this layer's first marks (--trace) */
-    uint64_t *mark_ns;                /* [SL_GPU_MARKS] their times (--trace) */
+    uint32_t mark_layer, mark_routed, mark_launch; /* this layer's marks (--trace) */
+    uint64_t *mark_ns;                             /* [SL_GPU_MARKS] their times (--trace) */
 #endif
     gpu_span gspan[GPU_SPANS]; /* this step's GPU spans, by timeline marks (--trace) */
     uint32_t n_gspan;
@@ -1106,6 +1106,7 @@ static int launch(sl_compute *c, const uint32_t *ranks, uint32_t n, const char *
 #ifdef SL_HAVE_CUDA
     if (c->backend == SL_BACKEND_GPU) {
         uint64_t t = sl_now_ns();
+        if (!c->mark_launch) c->mark_launch = gmark(c);
         for (uint32_t k = 0; k < n; k++) c->launched[ranks[k]] = 1;
         int rc = sl_gpu_moe_part(c->gpu, ranks, n, c->by_rank, err);
         sl_trace_add(c->trace, what, -1, (int32_t)n, 0, t, sl_now_ns());
@@ -1336,6 +1337,7 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     uint64_t t0 = sl_now_ns(), t = t0;
 #ifdef SL_HAVE_CUDA
     c->mark_layer = gmark(c);
+    c->mark_launch = 0;
 #endif
     int rc = residual_norm(c, l > 0, w, err);
     lap(c, SUB_NORM, &t);
@@ -1362,7 +1364,10 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
 #ifdef SL_HAVE_CUDA
     uint32_t done = gmark(c);
     gspan(c, "norm + router", (int32_t)l, -1, 0, c->mark_layer, c->mark_routed);
-    gspan(c, "experts", (int32_t)l, -1, 0, c->mark_routed, done);
+    /* Between the logits and the first launch the main stream waits for the host's
+     * top-k and gather (the shared expert runs on the side stream meanwhile). */
+    gspan(c, "waits for the picks", (int32_t)l, -1, 0, c->mark_routed, c->mark_launch);
+    gspan(c, "experts", (int32_t)l, -1, 0, c->mark_launch, done);
 #endif
     lap(c, SUB_FINISH, &t);
     c->t.route_ns += t1 - t0;

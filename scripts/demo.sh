@@ -2,7 +2,8 @@
 # demo.sh - the main job on a default that needs no download: builds sluice, writes
 # the `tiny` synthetic DeepSeek-V4.1-Flash checkpoint, checks and summarises it, then
 # runs 16 decode steps of its MoE layers with the experts streamed by sluice-fetcher
-# (CPU path; the GPU kernels arrive with issue 3) and writes a trace of both processes.
+# (on the GPU when one is present, else on the CPU twin of its arithmetic: the same
+# bytes) and writes a trace of both processes.
 set -eu
 cd "$(dirname "$0")/.."
 scripts/deps.sh

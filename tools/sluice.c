@@ -34,7 +34,10 @@ static void usage(FILE *f)
                "  --no-mlock, --no-direct   passed to the fetcher\n"
                "  --seed N            seed of the tokens of the steps\n"
                "  -o FILE             every step's output (bf16) to FILE\n"
-               "  --trace FILE        one Chrome trace JSON of both processes\n");
+               "  --trace FILE        one Chrome trace JSON of both processes\n"
+               "  any other sluice-compute option (--backend, --t0, --t0-slots, --zero-copy,\n"
+               "  --t0-preload, --routing, --warmup, --ceilings, --prefetch, --cpu; see\n"
+               "  sluice-compute --help) goes to the compute side\n");
 }
 
 int main(int argc, char **argv)
