@@ -50,14 +50,14 @@ struct sl_gpu_ctx {
     int dt_occ[SL_GPU_MAX_USED + 1]; /* its CTAs per SM for n experts (persistent grid) */
     cudaStream_t main, side;
     cudaEvent_t ev_in, ev_sh;
-    cudaEvent_t ev_logits; /* the router's logits are in logits_host */
-    int router_pending;    /* sl_gpu_router_start without its wait yet */
-    int shared_pending;    /* the side stream has a shared output for the next routed call */
-    uint32_t n_last;       /* experts of the last routed call (for peek) */
-    sl_kscratch rs, ss;    /* routed [SL_GPU_MAX_USED] and shared [1] scratch */
-    float *y_sh;           /* [dim] the shared expert's output */
-    float *logits_dev;     /* [n_expert] */
-    float *logits_host;    /* [n_expert] pinned */
+    cudaEvent_t ev_logits;  /* the router's logits are in logits_host */
+    int router_pending;     /* sl_gpu_router_start without its wait yet */
+    int shared_pending;     /* the side stream has a shared output for the next routed call */
+    uint32_t n_last;        /* experts of the last routed call (for peek) */
+    sl_kscratch rs, ss;     /* routed [SL_GPU_MAX_USED] and shared [1] scratch */
+    float *y_sh;            /* [dim] the shared expert's output */
+    float *logits_host;     /* [n_expert] pinned, mapped */
+    float *logits_host_dev; /* its device address */
     /* the token between sl_gpu_moe_begin and sl_gpu_moe_finish */
     int in_token;
     const uint16_t *x;                 /* [dim] bf16, device */
@@ -264,9 +264,10 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
     if (alloc_scratch(&c->rs, SL_GPU_MAX_USED, s->inter, err)) return err ? err->code : SL_EIO;
     if (alloc_scratch(&c->ss, 1, s->inter, err)) return err ? err->code : SL_EIO;
     CK(cudaMalloc((void **)&c->y_sh, sizeof(float) * s->dim), "cudaMalloc(y_sh)");
-    CK(cudaMalloc((void **)&c->logits_dev, sizeof(float) * s->n_expert), "cudaMalloc(logits)");
-    CK(cudaMallocHost((void **)&c->logits_host, sizeof(float) * s->n_expert),
-       "cudaMallocHost(logits)");
+    CK(cudaHostAlloc((void **)&c->logits_host, sizeof(float) * s->n_expert, cudaHostAllocMapped),
+       "cudaHostAlloc(logits)");
+    CK(cudaHostGetDevicePointer((void **)&c->logits_host_dev, c->logits_host, 0),
+       "cudaHostGetDevicePointer(logits)");
     return prepare_kernels(c, err);
 }
 
@@ -318,7 +319,6 @@ extern "C" void sl_gpu_close(sl_gpu_ctx **pc)
     free_scratch(&c->rs);
     free_scratch(&c->ss);
     cudaFree(c->y_sh);
-    cudaFree(c->logits_dev);
     cudaFreeHost(c->logits_host);
     if (c->ev_in) cudaEventDestroy(c->ev_in);
     if (c->ev_sh) cudaEventDestroy(c->ev_sh);
@@ -425,12 +425,11 @@ extern "C" int sl_gpu_router_start(sl_gpu_ctx *c, const uint16_t *x, const uint1
         return SL_EINVAL;
     const sl_moe_shape *s = &c->shape;
     const uint32_t grid = (s->n_expert + BF_NW - 1) / BF_NW;
+    /* The kernel writes the logits straight into pinned host memory (mapped): no copy
+     * to queue and wait for; the event after it says they have all landed. */
     k_router<BF_NW><<<grid, BF_NW * 32, sizeof(float) * s->dim, c->main>>>(
-        w, x, s->n_expert, s->dim, s->gate_temp, c->logits_dev);
+        w, x, s->n_expert, s->dim, s->gate_temp, c->logits_host_dev);
     CK_LAUNCH("k_router");
-    CK(cudaMemcpyAsync(c->logits_host, c->logits_dev, sizeof(float) * s->n_expert,
-                       cudaMemcpyDeviceToHost, c->main),
-       "cudaMemcpyAsync(logits)");
     CK(cudaEventRecord(c->ev_logits, c->main), "cudaEventRecord(logits)");
     c->router_pending = 1;
     return 0;

@@ -1269,12 +1269,15 @@ inline size_t k_down_smem(int nw, int maxv)
  * their squares in increasing i), the lanes' sums meet in a shared-memory tree in the
  * emulation's pairing. y or w may be NULL (no residual; no norm). */
 static __global__ void __launch_bounds__(SL_EMU_NORM_LANES)
-    k_residual_norm(uint16_t *h, const uint16_t *y, const float *w, float eps, uint32_t dim,
-                    uint16_t *x)
+    k_residual_norm(uint16_t *__restrict__ h, const uint16_t *__restrict__ y,
+                    const float *__restrict__ w, float eps, uint32_t dim, uint16_t *__restrict__ x)
 {
     __shared__ float s[SL_EMU_NORM_LANES];
     const uint32_t j = threadIdx.x;
     float acc = 0.0f;
+    /* The buffers never alias (restrict), so the loads of several elements are in
+     * flight at once instead of one memory latency per element. */
+#pragma unroll 8
     for (uint32_t i = j; i < dim; i += SL_EMU_NORM_LANES) {
         uint16_t hb = h[i];
         if (y) {
@@ -1292,6 +1295,7 @@ static __global__ void __launch_bounds__(SL_EMU_NORM_LANES)
         __syncthreads();
     }
     const float r = sl_emu_div(1.0f, sl_emu_sqrt(sl_emu_add(sl_emu_div(s[0], (float)dim), eps)));
+#pragma unroll 8
     for (uint32_t i = j; i < dim; i += SL_EMU_NORM_LANES)
         x[i] = sl_emu_bf16_bits(sl_emu_mul(w[i], sl_emu_mul(sl_emu_bf16_to_f32(h[i]), r)));
 }
