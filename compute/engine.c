@@ -90,6 +90,10 @@ static const char *const sub_names[N_SUB] = {"residual + ffn_norm",
                                              "gather + launches",
                                              "queue down + sum",
                                              "step end (residual, h download)"};
+/* The same parts when the CPU computes the layer (no queueing: the work itself). */
+static const char *const sub_names_cpu[N_SUB] = {
+    "residual + ffn_norm",      "-",       "router GEMV",        "top-k",
+    "gather (waits for reads)", "experts", "step end (residual)"};
 
 typedef struct stage_times {
     uint64_t route_ns, wait_ns, compute_ns;
@@ -1516,7 +1520,8 @@ void sl_compute_print_summary(sl_compute *c, FILE *out)
         fprintf(out, "  per layer (us):");
         for (int k = 0; k < N_SUB; k++)
             if (c->t.sub_ns[k]) {
-                fprintf(out, "%s %s %.1f", sep, sub_names[k],
+                fprintf(out, "%s %s %.1f", sep,
+                        c->backend == SL_BACKEND_GPU ? sub_names[k] : sub_names_cpu[k],
                         (double)c->t.sub_ns[k] / 1e3 / layers);
                 sep = ",";
             }
