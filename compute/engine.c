@@ -575,14 +575,17 @@ static int t0_busy(void *ctx, uint32_t slot)
 #endif
 
 /* Pointers to the parts of an expert whose bytes sit in a slot laid out like the
- * arena's (T1 through a host or device address, or a T0 copy of such a slot). */
+ * current arena's (T1 through a host or device address, or a T0 copy of such a slot):
+ * each part's bytes start `skip` bytes into its region, skip being the slice's file
+ * offset modulo the alignment. */
 static sl_moe_expert_w slot_parts(sl_compute *c, const uint8_t *slot, uint32_t layer,
                                   uint32_t expert)
 {
+    const sl_arena_header *h = sl_fetch_client_arena(c->client)->hdr;
     const void *part[3];
     for (int p = 0; p < 3; p++) {
         const sl_expert_slice *s = sl_expert_map_slice(c->map, layer, expert, p);
-        part[p] = slot + c->map->layout.part_offset[p] + s->offset % c->map->layout.align;
+        part[p] = slot + h->part_offset[p] + s->offset % h->align;
     }
     return (sl_moe_expert_w){part[0], part[1], part[2]};
 }
@@ -808,13 +811,21 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
     }
 #endif
     const sl_proto_welcome *w = sl_fetch_client_welcome(c->client);
+    if (w->slot_bytes != c->map->layout.slot_bytes) {
+        /* T0 copies whole slots laid out as this build lays them out. */
+        rc = sl_err_set(err, SL_EMISMATCH,
+                        "the fetcher's slots are %" PRIu64 " bytes, this build's %" PRIu64
+                        " (a fetcher of another version?)",
+                        (uint64_t)w->slot_bytes, c->map->layout.slot_bytes);
+        goto fail;
+    }
     if (w->n_layer != m->n_layer || w->n_expert != m->n_expert) {
         rc = sl_err_set(err, SL_EMISMATCH,
                         "the fetcher serves %u x %u experts, the model has %u x %u", w->n_layer,
                         w->n_expert, m->n_layer, m->n_expert);
         goto fail;
     }
-    if (!rc && o->t0_preload) rc = t0_preload(c, err);
+    if (o->t0_preload) rc = t0_preload(c, err);
     if (rc) goto fail;
     if (!o->quiet) print_plan(c, stderr);
     /* Last, so that the threads CUDA and the readers of the trace start are not pinned. */
@@ -913,20 +924,13 @@ static int residual_norm(sl_compute *c, int with_y, const layer_w *w, sl_err *er
     return 0;
 }
 
-/* Points the expert table at the pinned slots: each part's bytes start `skip` bytes
- * into its region, skip being the slice's file offset modulo the alignment. */
+/* Points the table by expert id (what the CPU backends read) at the pinned slots. */
 static void bind_experts(sl_compute *c, uint32_t layer, const sl_fetch_pin *pins, uint32_t n)
 {
     sl_arena *a = sl_fetch_client_arena(c->client);
-    for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *slot = sl_arena_slot_data(a, pins[i].slot);
-        const void *part[3];
-        for (int p = 0; p < 3; p++) {
-            const sl_expert_slice *s = sl_expert_map_slice(c->map, layer, pins[i].expert, p);
-            part[p] = slot + a->hdr->part_offset[p] + s->offset % a->hdr->align;
-        }
-        c->experts[pins[i].expert] = (sl_moe_expert_w){part[0], part[1], part[2]};
-    }
+    for (uint32_t i = 0; i < n; i++)
+        c->experts[pins[i].expert] =
+            slot_parts(c, sl_arena_slot_data(a, pins[i].slot), layer, pins[i].expert);
 }
 
 /* Tables of the synthetic routings: popularity by rank (uniform is Zipf with s = 0)
