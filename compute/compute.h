@@ -75,6 +75,17 @@ void sl_compute_options_default(sl_compute_options *o);
  * one-line message. */
 int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *out, sl_err *err);
 
+/* Device memory the automatic device tier leaves free: the larger of this and 5%. */
+#define SL_COMPUTE_T0_RESERVE (2ull << 30)
+
+/* Slots of the device tier for these options on a GPU with free_bytes of total_bytes
+ * free: none with --zero-copy, the flags' budget when given, none on a GPU sharing host
+ * memory, else free memory less the reserve; never more than n_experts. *why says which
+ * (for the memory plan). Pure: the engine's sizing, exposed for its tests. */
+uint32_t sl_compute_t0_slots(const sl_compute_options *o, uint64_t free_bytes, uint64_t total_bytes,
+                             int shares_host_memory, uint64_t slot_bytes, uint64_t n_experts,
+                             const char **why);
+
 typedef struct sl_compute sl_compute;
 
 /* Opens the checkpoint, loads the resident weights and connects to the fetcher

@@ -77,9 +77,6 @@ typedef struct plan {
     const char *t0_why;           /* how the device tier was sized */
 } plan;
 
-/* Device memory the automatic device tier leaves free: the larger of this and 5%. */
-#define T0_RESERVE_BYTES (2ull << 30)
-
 /* The parts of a layer, timed separately so that the summary shows where the fixed
  * per-layer cost goes. */
 enum { SUB_NORM, SUB_SHARED, SUB_ROUTER, SUB_SELECT, SUB_GATHER, SUB_FINISH, SUB_RESIDUAL, N_SUB };
@@ -355,6 +352,32 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
     return 0;
 }
 
+/* ---------------------------------------------------------------- memory plan */
+
+uint32_t sl_compute_t0_slots(const sl_compute_options *o, uint64_t free_bytes, uint64_t total_bytes,
+                             int shares_host_memory, uint64_t slot_bytes, uint64_t n_experts,
+                             const char **why)
+{
+    uint64_t want;
+    if (o->zero_copy) {
+        want = 0;
+        *why = "--zero-copy";
+    } else if (o->t0_given) {
+        want = o->t0_bytes ? o->t0_bytes / slot_bytes : o->t0_slots;
+        *why = o->t0_bytes ? "--t0" : "--t0-slots";
+    } else if (shares_host_memory) {
+        want = 0;
+        *why = "the GPU shares host memory: kernels read the arena in place";
+    } else {
+        uint64_t reserve =
+            SL_COMPUTE_T0_RESERVE > total_bytes / 20 ? SL_COMPUTE_T0_RESERVE : total_bytes / 20;
+        want = free_bytes > reserve ? (free_bytes - reserve) / slot_bytes : 0;
+        *why = "auto: free device memory less a reserve";
+    }
+    if (want > n_experts) want = n_experts;
+    return want > UINT32_MAX ? UINT32_MAX : (uint32_t)want;
+}
+
 /* ---------------------------------------------------------------- loading */
 
 /* Reads a whole tensor (checked against the wanted type and element count). */
@@ -508,23 +531,8 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
     t0_tier *t = &c->t0;
     uint64_t n_ent = (uint64_t)m->n_layer * m->n_expert;
     t->slot_bytes = c->map->layout.slot_bytes;
-    uint64_t want;
-    if (c->opt.zero_copy) {
-        want = 0;
-        pl->t0_why = "--zero-copy";
-    } else if (c->opt.t0_given) {
-        want = c->opt.t0_bytes ? c->opt.t0_bytes / t->slot_bytes : c->opt.t0_slots;
-        pl->t0_why = c->opt.t0_bytes ? "--t0" : "--t0-slots";
-    } else if (mem.shares_host_memory) {
-        want = 0;
-        pl->t0_why = "the GPU shares host memory: kernels read the arena in place";
-    } else {
-        uint64_t reserve =
-            T0_RESERVE_BYTES > mem.total_bytes / 20 ? T0_RESERVE_BYTES : mem.total_bytes / 20;
-        want = mem.free_bytes > reserve ? (mem.free_bytes - reserve) / t->slot_bytes : 0;
-        pl->t0_why = "auto: free device memory less a reserve";
-    }
-    t->n_slot = (uint32_t)(want < n_ent ? want : n_ent);
+    t->n_slot = sl_compute_t0_slots(&c->opt, mem.free_bytes, mem.total_bytes,
+                                    mem.shares_host_memory, t->slot_bytes, n_ent, &pl->t0_why);
     if (!t->n_slot) return 0;
     rc = sl_gpu_malloc(c->gpu, (void **)&t->base, t->n_slot * t->slot_bytes, err);
     if (rc) {
