@@ -163,6 +163,18 @@ static hit_rtt measure_hits(sl_fetch_client *c, const sl_expert_map *m, uint32_t
     return h;
 }
 
+/* The table rows of one hit round-trip measurement. */
+static void print_rtt_rows(FILE *f, const char *label, const hit_rtt *h)
+{
+    fprintf(f, "| hit FETCH->READY p50, %s | %.1f us | target <= 30 us | %.2fx the target |\n",
+            label, h->p50, h->p50 / 30.0);
+    fprintf(f, "| hit FETCH->READY p99 / max, %s | %.1f / %.1f us | | |\n", label, h->p99, h->max);
+    fprintf(f,
+            "| floor: PING->PONG p50 (same sockets and loop), %s | %.1f us | | hit RTT is %.2fx "
+            "the floor |\n",
+            label, h->ping50, h->p50 / h->ping50);
+}
+
 /* Reads experts first .. first + n - 1 into a fresh fetcher's arena (misses). */
 static void warm(sl_fetch_client *c, const sl_expert_map *m, uint32_t first, uint32_t n,
                  uint64_t *req)
@@ -331,27 +343,12 @@ int main(int argc, char **argv)
                 "| cold expert reads via fetcher (%u readers) | %.3f GB/s | %.3f GB/s raw "
                 "O_DIRECT pread, %u threads | %.2fx (target >= 0.9x) |\n",
                 o.readers, cold / 1e9, ceiling / 1e9, o.readers, cold / ceiling);
-        fprintf(f,
-                "| hit FETCH->READY p50, unpinned | %.1f us | target <= 30 us | %.2fx the "
-                "target |\n",
-                free_rtt.p50, free_rtt.p50 / 30.0);
-        fprintf(f, "| hit FETCH->READY p99 / max, unpinned | %.1f / %.1f us | | |\n", free_rtt.p99,
-                free_rtt.max);
-        fprintf(f,
-                "| floor: PING->PONG p50, same sockets and loop, unpinned | %.1f us | | hit RTT "
-                "is %.2fx the floor |\n",
-                free_rtt.ping50, free_rtt.p50 / free_rtt.ping50);
+        print_rtt_rows(f, "unpinned", &free_rtt);
         if (pinned) {
-            fprintf(f,
-                    "| hit FETCH->READY p50, fetcher `--cpu %d`, client `--cpu %d` | %.1f us | "
-                    "target <= 30 us | %.2fx the target |\n",
-                    o.pin_fetcher, o.pin_client, pin_rtt.p50, pin_rtt.p50 / 30.0);
-            fprintf(f, "| hit FETCH->READY p99 / max, pinned | %.1f / %.1f us | | |\n", pin_rtt.p99,
-                    pin_rtt.max);
-            fprintf(f,
-                    "| floor: PING->PONG p50, pinned | %.1f us | | hit RTT is %.2fx the floor "
-                    "|\n",
-                    pin_rtt.ping50, pin_rtt.p50 / pin_rtt.ping50);
+            char label[96];
+            snprintf(label, sizeof label, "fetcher `--cpu %d`, client `--cpu %d`", o.pin_fetcher,
+                     o.pin_client);
+            print_rtt_rows(f, label, &pin_rtt);
         }
         fprintf(f,
                 "| fetcher counters after the cold pass | %" PRIu64 " misses, %.2f GB read | | |\n",

@@ -54,28 +54,34 @@ static pid_t fetcher(void)
     return spawn(argv);
 }
 
+/* Starts sluice-compute on the rig's model and fetcher, 32 steps of seed 3 into out,
+ * with the flags extra[] (NULL-terminated; a NULL inside ends them early). */
+static pid_t start_compute(const char *out, const char *const *extra)
+{
+    const char *argv[24] = {SL_BIN_DIR "/sluice-compute",
+                            "-m",
+                            model,
+                            "--endpoint",
+                            endpoint,
+                            "-n",
+                            "32",
+                            "--seed",
+                            "3",
+                            "-o",
+                            out};
+    int n = 11;
+    while (*extra && n < 23) argv[n++] = *extra++;
+    argv[n] = NULL;
+    return spawn(argv);
+}
+
 /* extra: one more flag (or NULL). */
 static void run_compute(const char *backend, const char *t0, const char *out, const char *extra)
 {
-    const char *argv[] = {SL_BIN_DIR "/sluice-compute",
-                          "-m",
-                          model,
-                          "--endpoint",
-                          endpoint,
-                          "-n",
-                          "32",
-                          "--seed",
-                          "3",
-                          "--backend",
-                          backend,
-                          "--t0-slots",
-                          t0,
-                          "-o",
-                          out,
-                          extra,
-                          NULL};
-    cr_assert_eq(wait_exit(spawn(argv)), 0, "sluice-compute --backend %s --t0-slots %s %s failed",
-                 backend, t0, extra ? extra : "");
+    const char *flags[] = {"--backend", backend, "--t0-slots", t0, extra, NULL};
+    cr_assert_eq(wait_exit(start_compute(out, flags)), 0,
+                 "sluice-compute --backend %s --t0-slots %s %s failed", backend, t0,
+                 extra ? extra : "");
 }
 
 static void same(const char *a, const char *b)
@@ -117,25 +123,8 @@ Test(compute_gpu, same_bytes_from_every_tier_and_from_the_cpu_twin, .timeout = 3
     /* Tracing changes no byte, and the trace holds the GPU's own spans. */
     char tr[200];
     snprintf(tr, sizeof tr, "%s/trace.json", dir);
-    const char *targv[] = {SL_BIN_DIR "/sluice-compute",
-                           "-m",
-                           model,
-                           "--endpoint",
-                           endpoint,
-                           "-n",
-                           "32",
-                           "--seed",
-                           "3",
-                           "--backend",
-                           "gpu",
-                           "--t0-slots",
-                           "8",
-                           "--trace",
-                           tr,
-                           "-o",
-                           t0s,
-                           NULL};
-    cr_assert_eq(wait_exit(spawn(targv)), 0, "traced run failed (log: %s)", log_path);
+    const char *traced[] = {"--backend", "gpu", "--t0-slots", "8", "--trace", tr, NULL};
+    cr_assert_eq(wait_exit(start_compute(t0s, traced)), 0, "traced run failed (log: %s)", log_path);
     same(zc, t0s);
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
@@ -149,22 +138,8 @@ Test(compute_gpu, same_bytes_from_every_tier_and_from_the_cpu_twin, .timeout = 3
     /* Restarts in the middle of a GPU run: T0 sized automatically, then zero-copy (the
      * old mapping is read by queued work when the fetcher dies). */
     for (int zero_copy = 0; zero_copy < 2; zero_copy++) {
-        const char *argv[] = {SL_BIN_DIR "/sluice-compute",
-                              "-m",
-                              model,
-                              "--endpoint",
-                              endpoint,
-                              "-n",
-                              "32",
-                              "--seed",
-                              "3",
-                              "--backend",
-                              "gpu",
-                              "-o",
-                              rs,
-                              zero_copy ? "--zero-copy" : NULL,
-                              NULL};
-        pid_t c = spawn(argv);
+        const char *flags[] = {"--backend", "gpu", zero_copy ? "--zero-copy" : NULL, NULL};
+        pid_t c = start_compute(rs, flags);
         usleep(300000);
         kill(f, SIGKILL);
         wait_exit(f);
