@@ -44,6 +44,7 @@ typedef struct layer_w {
     void *shared[3];     /* shared expert gate/up/down raw blocks */
     sl_moe_layer_w moe;  /* views of the above */
     void *router_dev;    /* GPU: [n_expert][dim] bf16 */
+    float *bias_dev;     /* GPU: [n_expert] f32 */
     float *ffn_norm_dev; /* GPU: [dim] f32 */
     void *shared_dev[3]; /* GPU: the shared expert's blocks */
     sl_moe_expert_w shared_w_dev;
@@ -59,6 +60,15 @@ typedef struct t0_tier {
     uint32_t *slot_of; /* [n_layer * n_expert] T0 slot, NO_SLOT when absent */
     uint32_t *owner;   /* [n_slot] layer * n_expert + expert, NO_SLOT when empty */
     uint8_t *in_use;   /* [n_slot] 1 while the current layer uses it */
+#ifdef SL_HAVE_CUDA
+    /* The same table on the device, for routing there (gpu.h): an entry per (layer,
+     * expert), changed in stream order by sl_gpu_t0_set; changes wait in `set` until
+     * the layer's launches are queued. */
+    sl_gpu_t0e *table_dev;
+    uint32_t set_index[16];
+    sl_gpu_t0e set_value[16];
+    uint32_t n_set;
+#endif
 } t0_tier;
 
 /* A span of the GPU's own timeline, between two marks (gpu.h), while tracing. */
@@ -80,13 +90,9 @@ typedef struct plan {
 /* The parts of a layer, timed separately so that the summary shows where the fixed
  * per-layer cost goes. */
 enum { SUB_NORM, SUB_SHARED, SUB_ROUTER, SUB_SELECT, SUB_GATHER, SUB_FINISH, SUB_RESIDUAL, N_SUB };
-static const char *const sub_names[N_SUB] = {"residual + ffn_norm",
-                                             "queue router + shared expert",
-                                             "wait for the logits (and the GPU)",
-                                             "top-k",
-                                             "gather + launches",
-                                             "queue down + sum",
-                                             "step end (residual, h download)"};
+static const char *const sub_names[N_SUB] = {
+    "residual + ffn_norm", "queue routing + T0 gate/up", "wait for the GPU's picks",       "-",
+    "gather + launches",   "queue down + sum",           "step end (residual, h download)"};
 /* The same parts when the CPU computes the layer (no queueing: the work itself). */
 static const char *const sub_names_cpu[N_SUB] = {
     "residual + ffn_norm",      "-",       "router GEMV",        "top-k",
@@ -122,6 +128,7 @@ struct sl_compute {
     t0_tier t0;
     plan plan;
     uint8_t launched[64]; /* ranks of this layer whose experts are queued (hits first) */
+    uint32_t started;     /* ranks whose gate/up the device queued from T0 (its routing) */
     uint32_t mark_layer, mark_routed, mark_launch; /* this layer's marks (--trace) */
     uint64_t *mark_ns;                             /* [SL_GPU_MARKS] their times (--trace) */
 #endif
@@ -512,9 +519,11 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
         rc = upload_new(c, w->router, rb, &w->router_dev, err);
         if (!rc)
             rc = upload_new(c, w->ffn_norm, m->dim * sizeof(float), (void **)&w->ffn_norm_dev, err);
+        if (!rc)
+            rc = upload_new(c, w->bias, m->n_expert * sizeof(float), (void **)&w->bias_dev, err);
         for (int p = 0; p < 3 && !rc; p++)
             rc = upload_new(c, w->shared[p], sh_bytes[p], &w->shared_dev[p], err);
-        *resident += rb + sh_bytes[0] + sh_bytes[1] + sh_bytes[2];
+        *resident += rb + m->n_expert * sizeof(float) + sh_bytes[0] + sh_bytes[1] + sh_bytes[2];
         w->shared_w_dev = (sl_moe_expert_w){w->shared_dev[0], w->shared_dev[1], w->shared_dev[2]};
     }
     if (rc) return rc;
@@ -548,7 +557,11 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
     if (!t->slot_of || !t->owner || !t->in_use) return sl_err_set(err, SL_ENOMEM, "out of memory");
     for (uint64_t i = 0; i < n_ent; i++) t->slot_of[i] = NO_SLOT;
     for (uint32_t i = 0; i < t->n_slot; i++) t->owner[i] = NO_SLOT;
-    return 0;
+    sl_gpu_t0e *zero = calloc(n_ent, sizeof *zero);
+    if (!zero) return sl_err_set(err, SL_ENOMEM, "out of memory");
+    rc = upload_new(c, zero, n_ent * sizeof *zero, (void **)&t->table_dev, err);
+    free(zero);
+    return rc;
 }
 
 static void gpu_close(sl_compute *c)
@@ -561,6 +574,7 @@ static void gpu_close(sl_compute *c)
     }
     for (uint32_t l = 0; c->layers && l < c->cfg.n_layer; l++) {
         sl_gpu_free(c->gpu, c->layers[l].router_dev);
+        sl_gpu_free(c->gpu, c->layers[l].bias_dev);
         sl_gpu_free(c->gpu, c->layers[l].ffn_norm_dev);
         for (int p = 0; p < 3; p++) sl_gpu_free(c->gpu, c->layers[l].shared_dev[p]);
     }
@@ -568,6 +582,7 @@ static void gpu_close(sl_compute *c)
     sl_gpu_free(c->gpu, c->y_dev);
     sl_gpu_free(c->gpu, c->h_dev);
     sl_gpu_free(c->gpu, c->t0.base);
+    sl_gpu_free(c->gpu, c->t0.table_dev);
     sl_policy_free(&c->t0.policy);
     free(c->t0.slot_of);
     free(c->t0.owner);
@@ -641,6 +656,28 @@ static void print_plan(sl_compute *c, FILE *f)
 /* Puts expert e of layer l (bytes at host_slot, a pinned arena slot laid out like a
  * T0 slot) into a free or evicted T0 slot with an asynchronous copy on the compute
  * stream; returns the slot, or NO_SLOT when every slot is in use this layer. */
+/* Queues the device table's pending changes (before the next routing on the device). */
+static int t0_table_flush(sl_compute *c, sl_err *err)
+{
+    t0_tier *t = &c->t0;
+    int rc = sl_gpu_t0_set(c->gpu, t->table_dev, t->set_index, t->set_value, t->n_set, err);
+    t->n_set = 0;
+    return rc;
+}
+
+/* Notes table entry `index` = value for the device's copy of the table. */
+static int t0_table_note(sl_compute *c, uint32_t index, sl_gpu_t0e value, sl_err *err)
+{
+    t0_tier *t = &c->t0;
+    if (t->n_set == 16) {
+        int rc = t0_table_flush(c, err);
+        if (rc) return rc;
+    }
+    t->set_index[t->n_set] = index;
+    t->set_value[t->n_set++] = value;
+    return 0;
+}
+
 static uint32_t t0_fill(sl_compute *c, uint32_t l, uint32_t e, const uint8_t *host_slot, int *rc,
                         sl_err *err)
 {
@@ -648,7 +685,11 @@ static uint32_t t0_fill(sl_compute *c, uint32_t l, uint32_t e, const uint8_t *ho
     int64_t v = sl_policy_victim(t->policy, t0_busy, t);
     if (v < 0) return NO_SLOT;
     uint32_t slot = (uint32_t)v;
-    if (t->owner[slot] != NO_SLOT) t->slot_of[t->owner[slot]] = NO_SLOT;
+    if (t->owner[slot] != NO_SLOT) {
+        t->slot_of[t->owner[slot]] = NO_SLOT;
+        *rc = t0_table_note(c, t->owner[slot], (sl_gpu_t0e){NULL, NULL, NULL}, err);
+        if (*rc) return NO_SLOT;
+    }
     t->owner[slot] = NO_SLOT;
     *rc =
         sl_gpu_upload_async(c->gpu, t->base + slot * t->slot_bytes, host_slot, t->slot_bytes, err);
@@ -656,7 +697,9 @@ static uint32_t t0_fill(sl_compute *c, uint32_t l, uint32_t e, const uint8_t *ho
     t->owner[slot] = l * c->cfg.n_expert + e;
     t->slot_of[t->owner[slot]] = slot;
     sl_policy_touch(t->policy, slot);
-    return slot;
+    const sl_moe_expert_w p = slot_parts(c, t->base + slot * t->slot_bytes, l, e);
+    *rc = t0_table_note(c, t->owner[slot], (sl_gpu_t0e){p.gate, p.up, p.down}, err);
+    return *rc ? NO_SLOT : slot;
 }
 
 /* --t0-preload: every expert the device tier can hold, layer by layer, through the
@@ -683,6 +726,7 @@ static int t0_preload(sl_compute *c, sl_err *err)
                     left--;
             }
             /* The copies read the pinned slots: wait before giving them back. */
+            if (!rc) rc = t0_table_flush(c, err);
             if (!rc) rc = sl_gpu_sync(c->gpu, err);
             sl_fetch_client_put(c->client, pins, n, NULL);
         }
@@ -1038,25 +1082,34 @@ static void gspans_flush(sl_compute *c)
 }
 #endif
 
-static int route_x(sl_compute *c, layer_w *w, sl_moe_route *route, sl_err *err)
+static int route_x(sl_compute *c, uint32_t l, layer_w *w, sl_moe_route *route, sl_err *err)
 {
     uint64_t t = sl_now_ns();
     int rc;
 #ifdef SL_HAVE_CUDA
     if (c->backend == SL_BACKEND_GPU) {
-        /* The shared expert needs no routing: it is queued on the side stream while
-         * the router runs and its logits come back, and runs beside the routing. */
-        rc = sl_gpu_router_start(c->gpu, c->x_dev, w->router_dev, err);
+        /* Routing on the device: the router, the selection (router.c's, bit for bit)
+         * and the gate/up of the picks the device tier holds are queued at once, with
+         * the shared expert (inside those launches, or on the side stream); the host
+         * sees the picks while that work runs. A synthetic routing is handed over to
+         * replace the picks (the router and the selection still run). */
+        sl_moe_route forced;
+        const int synth = c->opt.routing != SL_ROUTING_ROUTER;
+        if (synth) synthetic_route(c, l, &forced);
+        rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
+        if (!rc)
+            rc = sl_gpu_route_start(c->gpu, c->x_dev, w->router_dev, w->bias_dev,
+                                    c->t0.n_slot ? c->t0.table_dev + (uint64_t)l * c->cfg.n_expert
+                                                 : NULL,
+                                    synth ? &forced : NULL, err);
         c->mark_routed = gmark(c);
-        if (!rc) rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
         lap(c, SUB_SHARED, &t);
-        if (!rc) rc = sl_gpu_router_wait(c->gpu, c->logits, err);
+        if (!rc) rc = sl_gpu_route_wait(c->gpu, route, &c->started, err);
         lap(c, SUB_ROUTER, &t);
-        if (!rc) rc = sl_router_select(c->logits, w->bias, &c->shape, route, err);
-        lap(c, SUB_SELECT, &t);
         return rc;
     }
 #endif
+    (void)l;
     rc = sl_router_logits(c->x, w->router, c->cfg.n_expert, c->cfg.dim, c->shape.gate_temp,
                           c->logits, err);
     lap(c, SUB_ROUTER, &t);
@@ -1179,25 +1232,32 @@ static int gather(sl_compute *c, uint32_t l, const sl_moe_route *route, sl_fetch
     uint32_t n = c->shape.n_used, want[64], rank_of[64], t0_ranks[64], n_t0 = 0;
     *n_pins = 0;
 #ifdef SL_HAVE_CUDA
+    uint32_t dev_ranks[64], n_dev = 0; /* T0 hits the device queued (its routing) */
     memset(c->launched, 0, sizeof c->launched);
-    if (c->backend == SL_BACKEND_GPU) {
-        int rc = sl_gpu_moe_begin(c->gpu, c->x_dev, route, err);
-        if (rc) return rc;
-    }
+    /* route_x's sl_gpu_route_wait started the token on the GPU */
 #endif
     for (uint32_t i = 0; i < n; i++) {
 #ifdef SL_HAVE_CUDA
         t0_tier *t = &c->t0;
-        if (t->n_slot) {
-            uint32_t slot = t->slot_of[(uint64_t)l * c->cfg.n_expert + route->expert[i]];
-            if (slot != NO_SLOT) {
-                t->in_use[slot] = 1;
-                sl_policy_touch(t->policy, slot);
-                c->by_rank[i] = slot_parts(c, t->base + slot * t->slot_bytes, l, route->expert[i]);
-                c->hit_t0++;
+        const int started = c->backend == SL_BACKEND_GPU && (c->started >> i & 1);
+        uint32_t slot =
+            t->n_slot ? t->slot_of[(uint64_t)l * c->cfg.n_expert + route->expert[i]] : NO_SLOT;
+        if (started && slot == NO_SLOT)
+            return sl_err_set(err, SL_EIO,
+                              "layer %u: the device tier's table holds expert %u, the host's "
+                              "does not (out of step)",
+                              l, route->expert[i]);
+        if (slot != NO_SLOT) {
+            t->in_use[slot] = 1;
+            sl_policy_touch(t->policy, slot);
+            c->by_rank[i] = slot_parts(c, t->base + slot * t->slot_bytes, l, route->expert[i]);
+            c->hit_t0++;
+            if (started) {
+                c->launched[i] = 1;
+                dev_ranks[n_dev++] = i;
+            } else
                 t0_ranks[n_t0++] = i;
-                continue;
-            }
+            continue;
         }
 #endif
         rank_of[*n_pins] = i;
@@ -1229,13 +1289,14 @@ static int gather(sl_compute *c, uint32_t l, const sl_moe_route *route, sl_fetch
          * Start the layer's experts again from the new pins (and the T0 copies). */
         g.rc = sl_gpu_moe_begin(c->gpu, c->x_dev, route, err);
         memset(c->launched, 0, sizeof c->launched);
-        uint32_t ranks[64];
-        for (uint32_t k = 0; k < n_t0; k++) ranks[k] = t0_ranks[k];
+        uint32_t ranks[64], nr = 0;
+        for (uint32_t k = 0; k < n_dev; k++) ranks[nr++] = dev_ranks[k];
+        for (uint32_t k = 0; k < n_t0; k++) ranks[nr++] = t0_ranks[k];
         for (uint32_t k = 0; k < asked && !g.rc; k++) {
             g.rc = place(c, l, rank_of[k], want[k], pins[k].slot, err);
-            ranks[n_t0 + k] = rank_of[k];
+            ranks[nr++] = rank_of[k];
         }
-        if (!g.rc) g.rc = launch(c, ranks, n_t0 + asked, "relaunch after a restart", err);
+        if (!g.rc) g.rc = launch(c, ranks, nr, "relaunch after a restart", err);
     }
 #endif
     if (!rc && g.rc) {
@@ -1358,16 +1419,21 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     int rc = residual_norm(c, l > 0, w, err);
     lap(c, SUB_NORM, &t);
     sl_moe_route route;
-    if (!rc) rc = route_x(c, w, &route, err);
+    if (!rc) rc = route_x(c, l, w, &route, err);
     put_held(c);
     if (rc) return sl_err_prefix(err, "layer %u", l);
-    if (c->opt.routing != SL_ROUTING_ROUTER) synthetic_route(c, l, &route);
+    if (c->opt.routing != SL_ROUTING_ROUTER && c->backend != SL_BACKEND_GPU)
+        synthetic_route(c, l, &route); /* the GPU's routing took it already */
     uint64_t t1 = sl_now_ns();
     rc = gather(c, l, &route, c->held, &c->n_held, err);
     if (!rc && c->opt.prefetch) {
         score_prediction(c, &route, c->held, c->n_held);
         rc = predict_next(c, l, err);
     }
+#ifdef SL_HAVE_CUDA
+    /* the device tier's table changes of this layer, before the next routing */
+    if (!rc && c->t0.n_set) rc = t0_table_flush(c, err);
+#endif
     uint64_t t2 = sl_now_ns();
     c->t.sub_ns[SUB_GATHER] += t2 - t1;
     t = t2;
@@ -1379,11 +1445,11 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     if (rc) return sl_err_prefix(err, "layer %u", l);
 #ifdef SL_HAVE_CUDA
     uint32_t done = gmark(c);
-    gspan(c, "norm + router", (int32_t)l, -1, 0, c->mark_layer, c->mark_routed);
-    /* Between the logits and the first launch the main stream waits for the host's
-     * top-k and gather (the shared expert runs on the side stream meanwhile). */
-    gspan(c, "waits for the picks", (int32_t)l, -1, 0, c->mark_routed, c->mark_launch);
-    gspan(c, "experts", (int32_t)l, -1, 0, c->mark_launch, done);
+    gspan(c, "norm + routing + T0 gate/up", (int32_t)l, -1, 0, c->mark_layer, c->mark_routed);
+    /* After the device's own work the main stream waits for what the host queues once
+     * it has the picks (the other experts, or only the down projections). */
+    gspan(c, "waits for the host", (int32_t)l, -1, 0, c->mark_routed, c->mark_launch);
+    gspan(c, "experts", (int32_t)l, -1, 0, c->mark_launch ? c->mark_launch : c->mark_routed, done);
 #endif
     lap(c, SUB_FINISH, &t);
     c->t.route_ns += t1 - t0;

@@ -119,8 +119,50 @@ int sl_gpu_router_start(sl_gpu_ctx *ctx, const uint16_t *x_dev, const uint16_t *
                         sl_err *err);
 int sl_gpu_router_wait(sl_gpu_ctx *ctx, float *logits, sl_err *err);
 
-/* Queues the shared expert of x_dev on the side stream (after the work already on the
- * main stream, which produced x); the next sl_gpu_moe_routed adds its output last. */
+/* ---- routing on the device (no host between the router and the first experts) ----
+ *
+ * One layer's picks computed by the GPU with router.c's rules bit for bit (scores by
+ * router/score.h; the CPU backends and the tests get the same experts and weights
+ * from sl_router_select), and the gate/up of the picks that the device tier already
+ * holds queued behind them, before the host has seen the picks.
+ *
+ * The device tier's table: one entry per (layer, expert), the expert's three parts in
+ * device memory, or gate NULL when the tier does not hold it. It lives in device
+ * memory owned by the caller (zeroed: sl_gpu_malloc + sl_gpu_t0_set, or an upload of
+ * zeroes) and changes only through sl_gpu_t0_set, queued on the main stream, so that
+ * each sl_gpu_route_start sees the table as the host had it when it queued the call. */
+typedef struct sl_gpu_t0e {
+    const void *gate, *up, *down;
+} sl_gpu_t0e;
+
+/* Queues table[index[i]] = value[i] for i < n (n <= 16 per call) on the main stream. */
+int sl_gpu_t0_set(sl_gpu_ctx *ctx, sl_gpu_t0e *table_dev, const uint32_t *index,
+                  const sl_gpu_t0e *value, uint32_t n, sl_err *err);
+
+/* Queues the router GEMV of x_dev against router_dev (as sl_gpu_router_start), the
+ * selection with bias_dev ([n_expert] f32, nullable) and, when t0_dev (the layer's
+ * [n_expert] entries, nullable) is given, the gate/up of the picks it holds. forced
+ * (nullable): picks and weights to use instead of the router's (synthetic routings;
+ * the router and the selection still run). Then sl_gpu_route_wait. */
+int sl_gpu_route_start(sl_gpu_ctx *ctx, const uint16_t *x_dev, const uint16_t *router_dev,
+                       const float *bias_dev, const sl_gpu_t0e *t0_dev, const sl_moe_route *forced,
+                       sl_err *err);
+
+/* Waits for the picks: route (experts and weights by rank, zero past n_used) and
+ * *started (bit r: rank r's gate/up is queued from the device tier). Starts the token
+ * as sl_gpu_moe_begin would, with those ranks queued: sl_gpu_moe_part the others, then
+ * sl_gpu_moe_finish. */
+int sl_gpu_route_wait(sl_gpu_ctx *ctx, sl_moe_route *route, uint32_t *started, sl_err *err);
+
+/* The device's selection alone, for tests: logits (host, [n_expert]) in, route out. */
+int sl_gpu_select(sl_gpu_ctx *ctx, const float *logits, const float *bias_dev, sl_moe_route *route,
+                  sl_err *err);
+
+/* The shared expert of x_dev for the next routed call, whose sum adds its output last.
+ * A K-quant one in device memory runs with the routed experts (one more entry in
+ * their gate/up and down launches; nothing is queued now); a BF16 one, or one in host
+ * memory, is queued now on the side stream (after the work on the main stream, which
+ * produced x). */
 int sl_gpu_moe_shared(sl_gpu_ctx *ctx, const uint16_t *x_dev, const sl_moe_expert_w *shared,
                       sl_err *err);
 
@@ -171,7 +213,8 @@ int sl_gpu_marks_read(sl_gpu_ctx *ctx, uint64_t *ns, uint32_t *n, sl_err *err);
 
 /* Test hook: waits, then copies the last layer's intermediates to the host (each
  * nullable): h [n_used][inter] (experts by increasing id), hq [n_used][inter] and
- * hd [n_used][inter/32] (its q8_1), h_sh [inter], y_sh [dim] (the shared expert). */
+ * hd [n_used][inter/32] (its q8_1), h_sh [inter], y_sh [dim] (the shared expert;
+ * NaN when it ran with the routed experts: its output went straight into the sum). */
 int sl_gpu_moe_peek(sl_gpu_ctx *ctx, float *h, int8_t *hq, float *hd, float *h_sh, float *y_sh,
                     sl_err *err);
 

@@ -25,7 +25,8 @@
 #define GU_NW   8    /* warps per CTA, register-staged gate/up */
 #define GU_PF   true /* prefetch the next row pair */
 #define GU_MINB 1    /* __launch_bounds__ min CTAs per SM, gate/up */
-#define BF_NW   8    /* BF16 shared expert and router */
+#define BF_NW   8    /* BF16 shared expert and the plain router */
+#define RT_NW   4    /* warps (experts) per CTA, prefetching router */
 #define DN_T    1    /* 4-row tiles per CTA, register-staged down */
 #define GT_NG   2    /* warp groups per CTA, bulk-copy gate/up */
 #define GT_NW   8    /* warps per group, bulk-copy gate/up */
@@ -35,9 +36,17 @@
 #define DP_TD   8    /* output rows per tile (stage), bulk-copy down */
 #define DP_ST   1    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
 #define DP_NG   1    /* warp groups per CTA, persistent bulk-copy down */
+#define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
+
+/* Where the shared expert of the next token is. A K-quant shared expert in device
+ * memory runs with the routed experts (one more entry, slot n_used, weight 1, in the
+ * same gate/up and down launches; its down output is the last term of the fixed-order
+ * sum, which is where the side-stream path adds it, so the bits are the same); a BF16
+ * one, or one in host memory, runs on the side stream. */
+enum { SH_NONE, SH_SIDE, SH_MERGE, SH_MERGED };
 
 struct sl_gpu_ctx {
     int dev, n_sm;
@@ -52,12 +61,23 @@ struct sl_gpu_ctx {
     cudaEvent_t ev_in, ev_sh;
     cudaEvent_t ev_logits;  /* the router's logits are in logits_host */
     int router_pending;     /* sl_gpu_router_start without its wait yet */
-    int shared_pending;     /* the side stream has a shared output for the next routed call */
+    int sh_state;           /* the shared expert of the next routed call: SH_* */
+    sl_kexp sh;             /* its entry when it runs with the routed experts */
+    const uint16_t *sh_x;   /* its x then */
     uint32_t n_last;        /* experts of the last routed call (for peek) */
+    int last_merged;        /* the last call ran the shared expert with the routed ones */
     sl_kscratch rs, ss;     /* routed [SL_GPU_MAX_USED] and shared [1] scratch */
     float *y_sh;            /* [dim] the shared expert's output */
     float *logits_host;     /* [n_expert] pinned, mapped */
     float *logits_host_dev; /* its device address */
+    /* routing on the device (sl_gpu_route_start / wait) */
+    float *logits_dev;                 /* [n_expert] */
+    sl_kroute *kroute, *kroute_dev;    /* the picks for the host: pinned, mapped */
+    sl_moe_route *forced, *forced_dev; /* a synthetic routing: pinned, mapped */
+    sl_ktab *tab_dev;                  /* the device tier's picks, for gate/up */
+    cudaEvent_t ev_picks;              /* kroute is complete */
+    int route_pending;                 /* sl_gpu_route_start without its wait yet */
+    const uint16_t *route_x;           /* x of the pending routing */
     /* the token between sl_gpu_moe_begin and sl_gpu_moe_finish */
     int in_token;
     const uint16_t *x;                 /* [dim] bf16, device */
@@ -165,6 +185,23 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
     return cudaGetLastError();
 }
 
+/* Router logits of x into logits (device-visible): the prefetching kernel, which
+ * overlaps its weight loads with the kernel before it, where its registers hold a row
+ * share. */
+static cudaError_t launch_router(const sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w,
+                                 float *logits)
+{
+    const sl_moe_shape *s = &c->shape;
+    const uint32_t grid = (s->n_expert + BF_NW - 1) / BF_NW;
+    const size_t smem = sizeof(float) * s->dim;
+    if (s->dim <= 256 * RT_C)
+        return k_launch(k_router_pf<RT_NW, RT_C>, (s->n_expert + RT_NW - 1) / RT_NW, RT_NW * 32,
+                        smem, c->main, USE_PDL, w, x, s->n_expert, s->dim, s->gate_temp, logits);
+    k_router<BF_NW>
+        <<<grid, BF_NW * 32, smem, c->main>>>(w, x, s->n_expert, s->dim, s->gate_temp, logits);
+    return cudaGetLastError();
+}
+
 /* Lifts a kernel's dynamic shared-memory limit to smem and returns its occupancy. */
 template <typename K>
 static int prep_kernel(K kern, int threads, size_t smem, int *occ, const char *name, sl_err *err)
@@ -225,6 +262,18 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
     if (rc) return rc;
     rc = prep_kernel(k_router<BF_NW>, BF_NW * 32, sizeof(float) * dim, &occ, "k_router", err);
     if (rc) return rc;
+    if (dim <= 256 * RT_C) {
+        int o2 = 0;
+        rc = prep_kernel(k_router_pf<RT_NW, RT_C>, RT_NW * 32, sizeof(float) * dim, &o2,
+                         "k_router_pf", err);
+        if (rc) return rc;
+    }
+    if (c->gt_ok) {
+        int o3 = 0;
+        rc = prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, GT_NG * GT_NW * 32,
+                         gt_smem, &o3, "k_gateup_tma_dev_q2_k", err);
+        if (rc) return rc;
+    }
     if (c->gu_occ < 1 || occ < 1)
         return sl_err_set(err, SL_EUNSUPPORTED, "sl_gpu_open: kernels do not fit (occupancy %d/%d)",
                           c->gu_occ, occ);
@@ -268,6 +317,17 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
        "cudaHostAlloc(logits)");
     CK(cudaHostGetDevicePointer((void **)&c->logits_host_dev, c->logits_host, 0),
        "cudaHostGetDevicePointer(logits)");
+    CK(cudaMalloc((void **)&c->logits_dev, sizeof(float) * s->n_expert), "cudaMalloc(logits)");
+    CK(cudaHostAlloc((void **)&c->kroute, sizeof *c->kroute, cudaHostAllocMapped),
+       "cudaHostAlloc(route)");
+    CK(cudaHostGetDevicePointer((void **)&c->kroute_dev, c->kroute, 0),
+       "cudaHostGetDevicePointer(route)");
+    CK(cudaHostAlloc((void **)&c->forced, sizeof *c->forced, cudaHostAllocMapped),
+       "cudaHostAlloc(forced)");
+    CK(cudaHostGetDevicePointer((void **)&c->forced_dev, c->forced, 0),
+       "cudaHostGetDevicePointer(forced)");
+    CK(cudaMalloc((void **)&c->tab_dev, sizeof *c->tab_dev), "cudaMalloc(tab)");
+    CK(cudaEventCreateWithFlags(&c->ev_picks, cudaEventDisableTiming), "cudaEventCreate(picks)");
     return prepare_kernels(c, err);
 }
 
@@ -276,7 +336,8 @@ extern "C" int sl_gpu_open(sl_gpu_ctx **out, int dev, const sl_moe_shape *s, sl_
     if (!out || !s) return sl_err_set(err, SL_EINVAL, "sl_gpu_open: NULL argument");
     *out = NULL;
     if (s->dim == 0 || s->dim % 256 || s->dim > 12288 || s->inter == 0 || s->inter % 256 ||
-        s->inter > 4608 || s->n_used == 0 || s->n_used > SL_GPU_MAX_USED || s->n_expert == 0)
+        s->inter > 4608 || s->n_used == 0 || s->n_used > SL_GPU_MAX_USED || s->n_expert == 0 ||
+        s->n_expert > 1024 || s->n_used > s->n_expert)
         return sl_err_set(err, SL_EINVAL,
                           "sl_gpu_open: shape dim %u inter %u n_used %u n_expert %u not supported",
                           s->dim, s->inter, s->n_used, s->n_expert);
@@ -320,6 +381,11 @@ extern "C" void sl_gpu_close(sl_gpu_ctx **pc)
     free_scratch(&c->ss);
     cudaFree(c->y_sh);
     cudaFreeHost(c->logits_host);
+    cudaFree(c->logits_dev);
+    cudaFreeHost(c->kroute);
+    cudaFreeHost(c->forced);
+    cudaFree(c->tab_dev);
+    if (c->ev_picks) cudaEventDestroy(c->ev_picks);
     if (c->ev_in) cudaEventDestroy(c->ev_in);
     if (c->ev_sh) cudaEventDestroy(c->ev_sh);
     if (c->ev_logits) cudaEventDestroy(c->ev_logits);
@@ -413,7 +479,10 @@ extern "C" int sl_gpu_residual_norm(sl_gpu_ctx *c, uint16_t *h, const uint16_t *
     if (dim % SL_EMU_NORM_LANES)
         return sl_err_set(err, SL_EINVAL, "sl_gpu_residual_norm: dim %u is not a multiple of %d",
                           dim, SL_EMU_NORM_LANES);
-    k_residual_norm<<<1, SL_EMU_NORM_LANES, 0, c->main>>>(h, y, w, eps, dim, x);
+    if (dim <= 24 * SL_EMU_NORM_LANES)
+        k_residual_norm<24><<<1, SL_EMU_NORM_LANES, 0, c->main>>>(h, y, w, eps, dim, x);
+    else
+        k_residual_norm<0><<<1, SL_EMU_NORM_LANES, 0, c->main>>>(h, y, w, eps, dim, x);
     CK_LAUNCH("k_residual_norm");
     return 0;
 }
@@ -423,13 +492,9 @@ extern "C" int sl_gpu_router_start(sl_gpu_ctx *c, const uint16_t *x, const uint1
     if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_router_start: NULL context");
     if (check_ptr(x, "sl_gpu_router_start: x", err) || check_ptr(w, "sl_gpu_router_start: w", err))
         return SL_EINVAL;
-    const sl_moe_shape *s = &c->shape;
-    const uint32_t grid = (s->n_expert + BF_NW - 1) / BF_NW;
     /* The kernel writes the logits straight into pinned host memory (mapped): no copy
      * to queue and wait for; the event after it says they have all landed. */
-    k_router<BF_NW><<<grid, BF_NW * 32, sizeof(float) * s->dim, c->main>>>(
-        w, x, s->n_expert, s->dim, s->gate_temp, c->logits_host_dev);
-    CK_LAUNCH("k_router");
+    CK(launch_router(c, x, w, c->logits_host_dev), "k_router");
     CK(cudaEventRecord(c->ev_logits, c->main), "cudaEventRecord(logits)");
     c->router_pending = 1;
     return 0;
@@ -454,6 +519,118 @@ extern "C" int sl_gpu_router_logits(sl_gpu_ctx *c, const uint16_t *x, const uint
     return rc ? rc : sl_gpu_router_wait(c, logits, err);
 }
 
+extern "C" int sl_gpu_t0_set(sl_gpu_ctx *c, sl_gpu_t0e *table, const uint32_t *index,
+                             const sl_gpu_t0e *value, uint32_t n, sl_err *err)
+{
+    sl_kt0set set;
+    if (!c || !table || (n && (!index || !value)) || n > 16)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_t0_set: bad arguments (n %u)", n);
+    if (!n) return 0;
+    memset(&set, 0, sizeof set);
+    set.n = n;
+    for (uint32_t i = 0; i < n; i++) {
+        set.index[i] = index[i];
+        set.value[i] = value[i];
+    }
+    k_t0_set<<<1, 32, 0, c->main>>>(table, set);
+    CK_LAUNCH("k_t0_set");
+    return 0;
+}
+
+/* The selection kernel on logits_dev, writing kroute and (t0) tab_dev. */
+static cudaError_t launch_select(const sl_gpu_ctx *c, const float *bias, const sl_gpu_t0e *t0,
+                                 const sl_moe_route *forced, int with_sh)
+{
+    const sl_moe_shape *s = &c->shape;
+    const uint32_t threads = (s->n_expert + 31) / 32 * 32; /* <= 1024, checked at open */
+    return k_launch(k_route_select, 1, threads, 0, c->main, USE_PDL, (const float *)c->logits_dev,
+                    bias, s->n_expert, s->n_used, s->norm_topk, s->route_scale, t0, forced,
+                    c->kroute_dev, c->tab_dev, c->sh, with_sh);
+}
+
+extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w,
+                                  const float *bias, const sl_gpu_t0e *t0,
+                                  const sl_moe_route *forced, sl_err *err)
+{
+    if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_route_start: NULL context");
+    if (check_ptr(x, "sl_gpu_route_start: x", err) || check_ptr(w, "sl_gpu_route_start: w", err))
+        return SL_EINVAL;
+    if (c->route_pending || c->in_token)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_route_start: the last token is not finished");
+    const sl_moe_shape *s = &c->shape;
+    if (forced) { /* the last selection has completed (its wait): the buffer is free */
+        for (uint32_t r = 0; r < s->n_used; r++)
+            if (forced->expert[r] >= s->n_expert)
+                return sl_err_set(err, SL_EINVAL, "sl_gpu_route_start: forced expert %u of %u",
+                                  forced->expert[r], s->n_expert);
+        *c->forced = *forced;
+    }
+    if (!c->gt_ok) t0 = NULL; /* the device tier's kernel does not fit: the host queues all */
+    CK(launch_router(c, x, w, c->logits_dev), "k_router_pf");
+    const int with_sh = t0 && c->sh_state == SH_MERGE && c->sh_x == x;
+    CK(launch_select(c, bias, t0, forced ? c->forced_dev : NULL, with_sh), "k_route_select");
+    CK(cudaEventRecord(c->ev_picks, c->main), "cudaEventRecord(picks)");
+    if (with_sh) c->sh_state = SH_MERGED;
+    if (t0) {
+        const uint32_t units = (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR);
+        uint32_t grid = (uint32_t)(c->gt_occ * c->n_sm);
+        if (grid > units) grid = units;
+        CK(k_launch(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, grid, GT_NG * GT_NW * 32,
+                    k_gateup_tma_smem(s->dim, GT_TR, GT_ST), c->main, USE_PDL,
+                    (const sl_ktab *)c->tab_dev, x, s->dim, s->inter, s->swiglu_limit, c->rs),
+           "k_gateup_tma_dev_q2_k");
+    }
+    c->route_pending = 1;
+    c->route_x = x;
+    return 0;
+}
+
+extern "C" int sl_gpu_route_wait(sl_gpu_ctx *c, sl_moe_route *route, uint32_t *started, sl_err *err)
+{
+    if (!c || !route || !started)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_route_wait: NULL argument");
+    if (!c->route_pending)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_route_wait: no sl_gpu_route_start");
+    c->route_pending = 0;
+    CK(cudaEventSynchronize(c->ev_picks), "cudaEventSynchronize(picks)");
+    const uint32_t n = c->shape.n_used;
+    memset(route, 0, sizeof *route);
+    for (uint32_t r = 0; r < n; r++) {
+        route->expert[r] = c->kroute->expert[r];
+        route->weight[r] = c->kroute->weight[r];
+    }
+    *started = c->kroute->started;
+    int rc = sl_gpu_moe_begin(c, c->route_x, route, err);
+    if (rc) return rc;
+    for (uint32_t r = 0; r < n; r++)
+        if (*started >> r & 1) {
+            const uint32_t slot = c->slot_of[r];
+            c->all.e[slot] = c->kroute->e[slot];
+        }
+    c->queued = *started;
+    return 0;
+}
+
+extern "C" int sl_gpu_select(sl_gpu_ctx *c, const float *logits, const float *bias,
+                             sl_moe_route *route, sl_err *err)
+{
+    if (!c || !logits || !route) return sl_err_set(err, SL_EINVAL, "sl_gpu_select: NULL argument");
+    if (c->route_pending || c->in_token)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_select: a token is in flight");
+    const sl_moe_shape *s = &c->shape;
+    CK(cudaMemcpyAsync(c->logits_dev, logits, sizeof(float) * s->n_expert, cudaMemcpyHostToDevice,
+                       c->main),
+       "cudaMemcpyAsync(logits)");
+    CK(launch_select(c, bias, NULL, NULL, 0), "k_route_select");
+    CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(select)");
+    memset(route, 0, sizeof *route);
+    for (uint32_t r = 0; r < s->n_used; r++) {
+        route->expert[r] = c->kroute->expert[r];
+        route->weight[r] = c->kroute->weight[r];
+    }
+    return 0;
+}
+
 extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_expert_w *sh,
                                  sl_err *err)
 {
@@ -472,6 +649,14 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
     tab.e[0].down = (const uint8_t *)sh->down;
     tab.e[0].w = 1.0f;
     tab.e[0].slot = 0;
+    if (!c->sh_bf16 && s->n_used < SL_GPU_MAX_USED && c->gt_ok && c->dt_ok && !in_host(sh->gate) &&
+        !in_host(sh->up) && !in_host(sh->down)) {
+        c->sh = tab.e[0];
+        c->sh.slot = (int)s->n_used;
+        c->sh_x = x;
+        c->sh_state = SH_MERGE;
+        return 0;
+    }
     CK(cudaEventRecord(c->ev_in, c->main), "cudaEventRecord(in)");
     CK(cudaStreamWaitEvent(c->side, c->ev_in, 0), "cudaStreamWaitEvent(side, in)");
     if (c->sh_bf16) {
@@ -491,7 +676,7 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
            "down (shared)");
     }
     CK(cudaEventRecord(c->ev_sh, c->side), "cudaEventRecord(shared)");
-    c->shared_pending = 1;
+    c->sh_state = SH_SIDE;
     return 0;
 }
 
@@ -547,6 +732,10 @@ extern "C" int sl_gpu_moe_part(sl_gpu_ctx *c, const uint32_t *ranks, uint32_t nr
         if (!c->dt_ok || in_host(e->down)) c->down_host = 1;
     }
     c->queued |= mask;
+    if (c->sh_state == SH_MERGE && c->sh_x == c->x) { /* rides with the first launch */
+        tab[0].e[tab[0].n++] = c->sh;
+        c->sh_state = SH_MERGED;
+    }
     for (int h = 0; h < 2; h++)
         if (tab[h].n)
             CK(launch_gateup(c, tab[h], c->x, c->rs, c->main, h == 0, USE_PDL && h == 0),
@@ -568,14 +757,29 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
     c->in_token = 0;
     const float *extra = NULL;
     bool pdl_q = USE_PDL;
-    if (c->shared_pending) {
+    uint32_t nq = n; /* experts in the down launch */
+    c->last_merged = 0;
+    if (c->sh_state == SH_SIDE) {
         /* the event wait sits between gate/up and q8_1 of h: q8_1 then waits in full */
         CK(cudaStreamWaitEvent(c->main, c->ev_sh, 0), "cudaStreamWaitEvent(main, shared)");
         extra = c->y_sh;
-        c->shared_pending = 0;
         pdl_q = false;
+    } else if (c->sh_state == SH_MERGE || c->sh_state == SH_MERGED) {
+        if (c->sh_state == SH_MERGE) { /* no launch took it along (another x, or none) */
+            sl_ktab one;
+            memset(&one, 0, sizeof one);
+            one.n = 1;
+            one.e[0] = c->sh;
+            CK(launch_gateup(c, one, c->sh_x, c->rs, c->main, true, USE_PDL),
+               "k_gateup_tma_q2_k (shared)");
+        }
+        c->all.e[n] = c->sh;
+        c->all.n = (int)n + 1;
+        nq = n + 1;
+        c->last_merged = 1;
     }
-    CK(launch_quant_h(c, c->rs, n, c->main, pdl_q), "k_quant_h");
+    c->sh_state = SH_NONE;
+    CK(launch_quant_h(c, c->rs, nq, c->main, pdl_q), "k_quant_h");
     const bool dt = !c->down_host;
     CK(launch_down(c, c->all, c->rs, extra, out_f32, out, c->main, dt, USE_PDL && dt),
        dt ? "k_down_pt_q3_k" : "k_down2_q3_k");
@@ -623,8 +827,12 @@ extern "C" int sl_gpu_moe_peek(sl_gpu_ctx *c, float *h, int8_t *hq, float *hd, f
         CK(cudaMemcpy(hd, c->rs.hd, sizeof(float) * n * (inter / 32), cudaMemcpyDeviceToHost),
            "peek(hd)");
     if (h_sh)
-        CK(cudaMemcpy(h_sh, c->ss.h, sizeof(float) * inter, cudaMemcpyDeviceToHost), "peek(h_sh)");
-    if (y_sh)
+        CK(cudaMemcpy(h_sh, c->last_merged ? c->rs.h + n * inter : c->ss.h, sizeof(float) * inter,
+                      cudaMemcpyDeviceToHost),
+           "peek(h_sh)");
+    if (y_sh && c->last_merged) /* its down output went straight into the sum */
+        for (uint32_t i = 0; i < c->shape.dim; i++) y_sh[i] = NAN;
+    else if (y_sh)
         CK(cudaMemcpy(y_sh, c->y_sh, sizeof(float) * c->shape.dim, cudaMemcpyDeviceToHost),
            "peek(y_sh)");
     return 0;

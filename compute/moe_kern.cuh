@@ -21,7 +21,9 @@
 
 #include <utility>
 
+#include "gpu.h"
 #include "moe_emu.h"
+#include "score.h"
 
 #ifndef SL_GPU_MAX_USED
 #define SL_GPU_MAX_USED 8
@@ -655,11 +657,10 @@ __host__ __device__ inline uint32_t k_gut_stage(uint32_t dim, int tr)
  * quantized once per CTA. Inside a unit each warp step is k_gateup4_q2_k's (rows r,
  * r + 1 of gate and up, 8 lanes a row). TR % 4 == 0 keeps a tile a multiple of 16
  * bytes for every dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
-template <int NW, int TR, int ST, int NG = 1>
-__global__ void __launch_bounds__(NG *NW * 32, 1)
-    k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint16_t *__restrict__ x,
-                      uint32_t dim, uint32_t inter, float limit,
-                      const __grid_constant__ sl_kscratch s)
+template <int NW, int TR, int ST, int NG>
+__device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab,
+                                                  const uint16_t *__restrict__ x, uint32_t dim,
+                                                  uint32_t inter, float limit, const sl_kscratch &s)
 {
     static_assert(ST % NG == 0, "stages are split evenly between the groups");
     extern __shared__ int4 k_smem[];
@@ -711,6 +712,32 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
             issue(k + ST);
         }
     }
+}
+
+template <int NW, int TR, int ST, int NG = 1>
+__global__ void __launch_bounds__(NG *NW * 32, 1)
+    k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint16_t *__restrict__ x,
+                      uint32_t dim, uint32_t inter, float limit,
+                      const __grid_constant__ sl_kscratch s)
+{
+    k_gateup_tma_body<NW, TR, ST, NG>(tab, x, dim, inter, limit, s);
+}
+
+/* The same with the table in device memory, written by the kernel before it on the
+ * stream (k_route_select: the experts the device tier holds); launched for the most
+ * experts a token may have, the CTAs beyond the table's units return at once. */
+template <int NW, int TR, int ST, int NG = 1>
+__global__ void __launch_bounds__(NG *NW * 32, 1)
+    k_gateup_tma_dev_q2_k(const sl_ktab *__restrict__ tabp, const uint16_t *__restrict__ x,
+                          uint32_t dim, uint32_t inter, float limit,
+                          const __grid_constant__ sl_kscratch s)
+{
+    __shared__ sl_ktab tab;
+    k_pdl_wait();
+    if (threadIdx.x == 0) tab = *tabp;
+    __syncthreads();
+    if (blockIdx.x >= (uint32_t)tab.n * (inter / TR)) return;
+    k_gateup_tma_body<NW, TR, ST, NG>(tab, x, dim, inter, limit, s);
 }
 
 inline size_t k_gateup_tma_smem(uint32_t dim, int tr, int st)
@@ -1225,6 +1252,175 @@ __global__ void __launch_bounds__(NW * 32)
     }
 }
 
+/* Router logits as k_router (the same lanes and order), one warp per expert, each
+ * lane holding its whole row share in registers (C 16-byte chunks, dim <= 256 C):
+ * the weight loads are issued before the wait for the previous kernel (PDL), so they
+ * overlap the norm that produces x. */
+template <int NW, int C>
+__global__ void __launch_bounds__(NW * 32)
+    k_router_pf(const uint16_t *__restrict__ w, const uint16_t *__restrict__ x, uint32_t n_expert,
+                uint32_t dim, float temp, float *__restrict__ logits)
+{
+    extern __shared__ int4 k_smem[];
+    float *xf = (float *)k_smem;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t e = blockIdx.x * NW + warp, nc = dim / 256;
+    int4 v[C];
+    if (e < n_expert) {
+        const int4 *row = (const int4 *)(w + (size_t)e * dim);
+#pragma unroll
+        for (int c = 0; c < C; c++)
+            if ((uint32_t)c < nc) v[c] = k_ld_stream(row + lane + 32 * c);
+    }
+    k_pdl_wait();
+    k_pdl_go();
+    /* x widened into shared memory, 8 values a 16-byte load, the loads of a thread
+     * issued together (one latency, not one per element) */
+#pragma unroll 4
+    for (uint32_t i = threadIdx.x; i < dim / 8; i += NW * 32) {
+        const int4 q = *(const int4 *)(x + 8 * i);
+        const uint32_t u[4] = {(uint32_t)q.x, (uint32_t)q.y, (uint32_t)q.z, (uint32_t)q.w};
+        float4 lo, hi;
+        lo.x = sl_emu_float(u[0] << 16), lo.y = sl_emu_float(u[0] & 0xffff0000u);
+        lo.z = sl_emu_float(u[1] << 16), lo.w = sl_emu_float(u[1] & 0xffff0000u);
+        hi.x = sl_emu_float(u[2] << 16), hi.y = sl_emu_float(u[2] & 0xffff0000u);
+        hi.z = sl_emu_float(u[3] << 16), hi.w = sl_emu_float(u[3] & 0xffff0000u);
+        *(float4 *)(xf + 8 * i) = lo;
+        *(float4 *)(xf + 8 * i + 4) = hi;
+    }
+    __syncthreads();
+    if (e >= n_expert) return;
+    float acc = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        if ((uint32_t)c >= nc) break;
+        const float *a = xf + 8 * (lane + 32 * c);
+        const uint32_t u[4] = {(uint32_t)v[c].x, (uint32_t)v[c].y, (uint32_t)v[c].z,
+                               (uint32_t)v[c].w};
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            acc = sl_emu_fma(a[j], sl_emu_float(j & 1 ? u[j >> 1] & 0xffff0000u : u[j >> 1] << 16),
+                             acc);
+    }
+    acc = k_butterfly(acc, 16);
+    if (temp != 1.0f) acc = sl_emu_div(acc, temp);
+    if (lane == 0) logits[e] = acc;
+}
+
+/* What the device's selection hands the host (pinned, mapped memory). */
+struct sl_kroute {
+    uint32_t expert[SL_GPU_MAX_USED]; /* by rank */
+    float weight[SL_GPU_MAX_USED];
+    uint32_t started;           /* bit r: rank r's gate/up was queued by the device */
+    sl_kexp e[SL_GPU_MAX_USED]; /* by slot (increasing expert id), the started ones */
+};
+
+/* The selection of router.c on the device, bit for bit (router.h states the rules):
+ * scores by score.h, keys = score + bias (NaN -> -inf), the k best keys with the lower
+ * index first on ties, weights from the unbiased scores. One CTA, thread e owns expert
+ * e (n_expert <= 1024). The k-th largest of the warps' maxima is a lower bound T of
+ * the k-th largest key, so only experts with key >= T (usually a few more than k) can
+ * be picked: those are listed, and each counts the listed experts ranking before it.
+ * `forced` (nullable; a synthetic routing) replaces the picks and weights after they
+ * were computed. Then each pick's slot (its place in increasing expert id) and, for
+ * the picks the device tier holds (t0[expert].gate not NULL; t0 nullable), the table
+ * of k_gateup_tma_dev_q2_k, plus the shared expert `sh` when with_sh. */
+__global__ void __launch_bounds__(1024)
+    k_route_select(const float *__restrict__ logits, const float *__restrict__ bias,
+                   uint32_t n_expert, uint32_t k, int norm_topk, float route_scale,
+                   const sl_gpu_t0e *__restrict__ t0, const sl_moe_route *forced, sl_kroute *out,
+                   sl_ktab *tab, sl_kexp sh, int with_sh)
+{
+    __shared__ float wmax[32], ckey[1024], cscore[1024];
+    __shared__ uint32_t cidx[1024], n_cand, pick[SL_GPU_MAX_USED];
+    __shared__ float pscore[SL_GPU_MAX_USED], thr;
+    const uint32_t e = threadIdx.x, lane = e & 31, warp = e >> 5, nw = blockDim.x >> 5;
+    const float b = bias && e < n_expert ? bias[e] : 0.0f;
+    if (e == 0) n_cand = 0;
+    k_pdl_wait();
+    k_pdl_go();
+    float sc = 0.0f, kv = -INFINITY;
+    if (e < n_expert) {
+        sc = sl_score(logits[e]);
+        kv = bias ? sl_emu_add(sc, b) : sc;
+        if (kv != kv) kv = -INFINITY;
+    }
+    float m = kv;
+    for (int off = 16; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, off));
+    if (lane == 0) wmax[warp] = m;
+    __syncthreads();
+    if (e < nw) { /* the k-th largest warp maximum (or -inf with fewer than k warps) */
+        const float me = wmax[e];
+        uint32_t above = 0;
+        for (uint32_t j = 0; j < nw; j++) above += wmax[j] > me || (wmax[j] == me && j < e);
+        if (above == k - 1) thr = wmax[e];
+        if (nw < k && e == 0) thr = -INFINITY;
+    }
+    __syncthreads();
+    if (e < n_expert && kv >= thr) {
+        const uint32_t c = atomicAdd(&n_cand, 1u);
+        ckey[c] = kv;
+        cidx[c] = e;
+        cscore[c] = sc;
+    }
+    __syncthreads();
+    const uint32_t nc = n_cand;
+    for (uint32_t c = e; c < nc; c += blockDim.x) {
+        const float kc = ckey[c];
+        const uint32_t ic = cidx[c];
+        uint32_t rank = 0;
+        for (uint32_t j = 0; j < nc; j++) rank += ckey[j] > kc || (ckey[j] == kc && cidx[j] < ic);
+        if (rank < k) {
+            pick[rank] = ic;
+            pscore[rank] = cscore[c];
+        }
+    }
+    __syncthreads();
+    if (e) return;
+    uint32_t ex[SL_GPU_MAX_USED];
+    float wt[SL_GPU_MAX_USED];
+    float sum = 0.0f;
+    for (uint32_t r = 0; r < k; r++) sum = sl_emu_add(sum, pscore[r]);
+    const float denom = sl_emu_add(sum, 1e-20f);
+    for (uint32_t r = 0; r < k; r++) {
+        ex[r] = forced ? forced->expert[r] : pick[r];
+        wt[r] = forced      ? forced->weight[r]
+                : norm_topk ? sl_emu_mul(sl_emu_div(pscore[r], denom), route_scale)
+                            : sl_emu_mul(pscore[r], route_scale);
+    }
+    int n = 0;
+    uint32_t started = 0;
+    for (uint32_t r = 0; r < k; r++) {
+        uint32_t slot = 0; /* sl_emu_moe_order: increasing expert id, stable */
+        for (uint32_t q = 0; q < k; q++) slot += ex[q] < ex[r] || (ex[q] == ex[r] && q < r);
+        out->expert[r] = ex[r];
+        out->weight[r] = wt[r];
+        const sl_gpu_t0e *d = t0 && ex[r] < n_expert ? &t0[ex[r]] : NULL;
+        if (d && d->gate) {
+            const sl_kexp ke = {(const uint8_t *)d->gate, (const uint8_t *)d->up,
+                                (const uint8_t *)d->down, wt[r], (int)slot};
+            tab->e[n++] = ke;
+            out->e[slot] = ke;
+            started |= 1u << r;
+        }
+    }
+    if (with_sh) tab->e[n++] = sh; /* the shared expert rides along (slot k) */
+    tab->n = n;
+    out->started = started;
+}
+
+/* Entries of the device tier's table: table[index[i]] = value[i], in order. */
+struct sl_kt0set {
+    uint32_t n;
+    uint32_t index[16];
+    sl_gpu_t0e value[16];
+};
+__global__ void k_t0_set(sl_gpu_t0e *table, const __grid_constant__ sl_kt0set set)
+{
+    if (threadIdx.x == 0)
+        for (uint32_t i = 0; i < set.n; i++) table[set.index[i]] = set.value[i];
+}
+
 /* Stand-alone q8_1 quantization of bf16 x into sl_block_q8_1 blocks (one warp per
  * block); s is the f32 sum of the 32 inputs in index order, as the CPU quantizer. */
 __global__ void k_quant_q8_1(const uint16_t *__restrict__ x, uint32_t n, sl_block_q8_1 *dst)
@@ -1268,24 +1464,46 @@ inline size_t k_down_smem(int nw, int maxv)
  * CTA of SL_EMU_NORM_LANES threads: thread j owns elements j, j + lanes, ... (it adds
  * their squares in increasing i), the lanes' sums meet in a shared-memory tree in the
  * emulation's pairing. y or w may be NULL (no residual; no norm). */
+template <int E>
 static __global__ void __launch_bounds__(SL_EMU_NORM_LANES)
     k_residual_norm(uint16_t *__restrict__ h, const uint16_t *__restrict__ y,
                     const float *__restrict__ w, float eps, uint32_t dim, uint16_t *__restrict__ x)
 {
     __shared__ float s[SL_EMU_NORM_LANES];
-    const uint32_t j = threadIdx.x;
+    const uint32_t j = threadIdx.x, ne = dim / SL_EMU_NORM_LANES;
+    k_pdl_go(); /* the router may load its weights meanwhile (it waits for x) */
+    /* E > 0: thread j keeps its ne <= E elements in registers, every load issued at
+     * once; E == 0: any dim, element by element. Same operations, same order. */
+    uint16_t hv[E > 0 ? E : 1], yv[E > 0 ? E : 1];
     float acc = 0.0f;
-    /* The buffers never alias (restrict), so the loads of several elements are in
-     * flight at once instead of one memory latency per element. */
-#pragma unroll 8
-    for (uint32_t i = j; i < dim; i += SL_EMU_NORM_LANES) {
-        uint16_t hb = h[i];
-        if (y) {
-            hb = sl_emu_bf16_bits(sl_emu_add(sl_emu_bf16_to_f32(hb), sl_emu_bf16_to_f32(y[i])));
-            h[i] = hb;
+    if (E > 0) {
+#pragma unroll
+        for (int q = 0; q < E; q++)
+            if ((uint32_t)q < ne) {
+                hv[q] = h[j + q * SL_EMU_NORM_LANES];
+                if (y) yv[q] = y[j + q * SL_EMU_NORM_LANES];
+            }
+#pragma unroll
+        for (int q = 0; q < E; q++)
+            if ((uint32_t)q < ne) {
+                if (y) {
+                    hv[q] = sl_emu_bf16_bits(
+                        sl_emu_add(sl_emu_bf16_to_f32(hv[q]), sl_emu_bf16_to_f32(yv[q])));
+                    h[j + q * SL_EMU_NORM_LANES] = hv[q];
+                }
+                const float v = sl_emu_bf16_to_f32(hv[q]);
+                acc = sl_emu_add(acc, sl_emu_mul(v, v));
+            }
+    } else {
+        for (uint32_t i = j; i < dim; i += SL_EMU_NORM_LANES) {
+            uint16_t hb = h[i];
+            if (y) {
+                hb = sl_emu_bf16_bits(sl_emu_add(sl_emu_bf16_to_f32(hb), sl_emu_bf16_to_f32(y[i])));
+                h[i] = hb;
+            }
+            const float v = sl_emu_bf16_to_f32(hb);
+            acc = sl_emu_add(acc, sl_emu_mul(v, v));
         }
-        float v = sl_emu_bf16_to_f32(hb);
-        acc = sl_emu_add(acc, sl_emu_mul(v, v));
     }
     if (!w) return;
     s[j] = acc;
@@ -1295,9 +1513,17 @@ static __global__ void __launch_bounds__(SL_EMU_NORM_LANES)
         __syncthreads();
     }
     const float r = sl_emu_div(1.0f, sl_emu_sqrt(sl_emu_add(sl_emu_div(s[0], (float)dim), eps)));
-#pragma unroll 8
-    for (uint32_t i = j; i < dim; i += SL_EMU_NORM_LANES)
-        x[i] = sl_emu_bf16_bits(sl_emu_mul(w[i], sl_emu_mul(sl_emu_bf16_to_f32(h[i]), r)));
+    if (E > 0) {
+#pragma unroll
+        for (int q = 0; q < E; q++)
+            if ((uint32_t)q < ne) {
+                const uint32_t i = j + q * SL_EMU_NORM_LANES;
+                x[i] = sl_emu_bf16_bits(sl_emu_mul(w[i], sl_emu_mul(sl_emu_bf16_to_f32(hv[q]), r)));
+            }
+    } else {
+        for (uint32_t i = j; i < dim; i += SL_EMU_NORM_LANES)
+            x[i] = sl_emu_bf16_bits(sl_emu_mul(w[i], sl_emu_mul(sl_emu_bf16_to_f32(h[i]), r)));
+    }
 }
 
 #endif

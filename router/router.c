@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "quant.h"
+#include "score.h"
 
 #define LANES      32
 #define LANE_ELEMS 8
@@ -61,14 +62,13 @@ int sl_router_logits(const uint16_t *x_bf16, const uint16_t *w_bf16, uint32_t n_
 
 float sl_router_score(float logit)
 {
-    const float sp = logit > 20.0f ? logit : log1pf(expf(logit));
-    return sqrtf(sp);
+    return sl_score(logit);
 }
 
 /* Whether the key score(logit) + b certainly falls below kth (so the expert cannot
  * enter the kept top-k), decided without computing the score: softplus(l) <=
  * max(l, 0) + ln 2, so score <= sqrt(max(l, 0) + 0.6932); compare squares, with a
- * relative margin (1e-5) far above the few ulps of expf/log1pf/sqrtf and an absolute
+ * relative margin (1e-5) far above the one-ulp error of sl_score and an absolute
  * one (1e-6 of |kth| + |b|) above the roundings of kth - b and of score + b. Most
  * experts of a layer are skipped this way once k keys are kept; the picks and their
  * weights are exactly those of computing every score (tests/test_router.c). NaN and

@@ -1,10 +1,10 @@
 /* router.h - the MoE gate of DeepSeek-V4.1 (MODEL.md §7 steps 1-4): router logits,
  * sqrt-softplus scores, top-k by score + bias, routing weights.
  *
- * The compute process runs the logits on the GPU and the selection here, on the CPU,
- * so both halves are the reference's: the logits follow one fixed summation order
- * (below) that the GPU router kernel reproduces bit for bit, and the selection is
- * this file's code whichever side produced the logits.
+ * The logits follow one fixed summation order (below) and the selection one fixed
+ * sequence of IEEE operations (score.h), which the GPU's router and selection kernels
+ * reproduce bit for bit: the GPU may route on its own and the CPU backends and tests
+ * get the same experts and weights from this file.
  *
  * Logit order (sl_router_logits). For expert e, 32 lanes l = 0..31; lane l owns the
  * elements i with (i / 8) % 32 == l (runs of 8 consecutive elements, one 16-byte bf16
@@ -19,8 +19,10 @@
  * unless a product overflows or underflows; the order of the additions is what matters.
  *
  * Selection (sl_router_select), for e = 0..n_expert-1:
- *     score_e = sqrtf(softplus(logit_e)), softplus(v) = v for v > 20 (PyTorch's
- *               threshold), else log1pf(expf(v)); all f32,
+ *     score_e = sqrt(softplus(logit_e)), softplus(v) = v for v > 20 (PyTorch's
+ *               threshold), else log1p(e^v), as score.h computes it: in double from
+ *               its own polynomials (libm's and CUDA's expf differ in the last ulp),
+ *               rounded once to f32, so that the GPU's selection is bit-identical,
  *     key_e   = score_e + bias_e (f32), a NaN key counts as -inf.
  * The picks are the n_used largest keys, best first; equal keys (including -0 vs +0
  * and the NaN/-inf class) rank the lower expert index first, so the order is total
@@ -61,7 +63,7 @@ float sl_router_score(float logit);
  * norm_topk, route_scale). bias: [n_expert] f32, or NULL for none. Fills out->expert and
  * out->weight [0, n_used) by rank and zeroes the entries past n_used. Returns 0, or
  * SL_EINVAL (out untouched) when n_used is 0, above 64 or above n_expert, or a pointer
- * is NULL. Cost: O(n_expert * n_used) compares, n_expert expf/log1pf/sqrtf. */
+ * is NULL. Cost: O(n_expert * n_used) compares, at most n_expert scores. */
 int sl_router_select(const float *logits, const float *bias, const sl_moe_shape *s,
                      sl_moe_route *out, sl_err *err);
 

@@ -332,59 +332,167 @@ int main(int argc, char **argv)
         say("## Whole MoE layer, all hits, through compute/gpu.h (%d tokens, host wall clock)\n\n",
             it_n);
         say("shared expert (Q2_K/Q2_K/Q3_K) queued on the side stream, router GEMV (384 x 5120 "
-            "bf16) with its download and a host top-6, then the routed experts and the sync. "
-            "Split: sl_gpu_moe_begin, part(ranks 0-2), part(ranks 3-5), finish.\n\n");
-        say("| | router + download us (p10, p90) | routed + sync us | whole layer us (p10, p90) "
-            "|\n|---|---|---|---|\n");
-        for (int split = 0; split < 2; split++) {
-            for (int it = -10; it < it_n; it++) {
-                const double t0 = now_us();
-                if (sl_gpu_moe_shared(c, io.x, &sh, &err)) DIE("%s", err.msg);
-                if (sl_gpu_router_logits(c, io.x, rwd, logits, &err)) DIE("%s", err.msg);
-                const double t1 = now_us();
-                sl_moe_route r;
-                memset(&r, 0, sizeof r);
-                int used[384] = {0};
-                float sum = 0;
-                for (int k = 0; k < NUSED; k++) { /* plain top-6 of the logits */
-                    int best = -1;
-                    for (int e = 0; e < 384; e++)
-                        if (!used[e] && (best < 0 || logits[e] > logits[best])) best = e;
-                    used[best] = 1;
-                    r.expert[k] = (uint32_t)best;
-                    r.weight[k] = 1.0f + 0.01f * k;
-                    sum += r.weight[k];
+            "bf16); the host's rows wait for its logits and pick a top-6 (split: "
+            "sl_gpu_moe_begin, part(ranks 0-2), part(ranks 3-5), finish); the device row runs "
+            "the selection on the GPU (a forced routing over every expert id, each in a device "
+            "tier table) and queues gate/up before the host sees the picks. Whole layer: with a "
+            "sync after each; back to back: %d layers queued with no sync but the picks' wait, "
+            "as the engine runs them.\n\n",
+            it_n);
+        say("| | router + picks us (p10, p90) | routed + sync us | whole layer us (p10, p90) | "
+            "back to back, us per layer |\n|---|---|---|---|---|\n");
+        /* the device tier's table for mode 2: expert id e -> pool expert e mod (np - 1) */
+        sl_gpu_t0e *t0h = calloc(384, sizeof *t0h);
+        for (int e = 0; e < 384; e++) {
+            const uint8_t *p = dev[e % (np - 1)];
+            t0h[e] = (sl_gpu_t0e){p, p + bg, p + 2 * bg};
+        }
+        void *t0d = NULL;
+        if (sl_gpu_malloc(c, &t0d, 384 * sizeof *t0h, &err) ||
+            sl_gpu_upload(c, t0d, t0h, 384 * sizeof *t0h, &err))
+            DIE("%s", err.msg);
+        static const char *const mode_name[3] = {
+            "host top-6, sl_gpu_moe_routed", "host top-6, begin + 2 parts + finish",
+            "**device routing**: router + selection + gate/up queued at once, finish"};
+        for (int mode = 0; mode < 3; mode++) {
+            double b2b = 0;
+            for (int pass = 0; pass < 2; pass++) { /* 0: a sync per layer; 1: back to back */
+                const double tb = now_us();
+                for (int it = -10; it < it_n; it++) {
+                    const double t0 = now_us();
+                    if (sl_gpu_moe_shared(c, io.x, &sh, &err)) DIE("%s", err.msg);
+                    sl_moe_route r;
+                    memset(&r, 0, sizeof r);
+                    sl_moe_expert_w w[NUSED];
+                    double t1;
+                    if (mode == 2) {
+                        float sum = 0;
+                        for (int k = 0; k < NUSED; k++) {
+                            r.expert[k] = (uint32_t)(((it + 10) * NUSED + k) % 384);
+                            r.weight[k] = 1.0f + 0.01f * k;
+                            sum += r.weight[k];
+                        }
+                        for (int k = 0; k < NUSED; k++) r.weight[k] *= 1.5f / sum;
+                        uint32_t started = 0;
+                        if (sl_gpu_route_start(c, io.x, rwd, NULL, t0d, &r, &err) ||
+                            sl_gpu_route_wait(c, &r, &started, &err))
+                            DIE("%s", err.msg);
+                        t1 = now_us();
+                        if (started != (1u << NUSED) - 1) DIE("device tier started 0x%x", started);
+                        if (sl_gpu_moe_finish(c, out, NULL, &err)) DIE("%s", err.msg);
+                    } else {
+                        if (sl_gpu_router_logits(c, io.x, rwd, logits, &err)) DIE("%s", err.msg);
+                        t1 = now_us();
+                        int used[384] = {0};
+                        float sum = 0;
+                        for (int k = 0; k < NUSED; k++) { /* plain top-6 of the logits */
+                            int best = -1;
+                            for (int e = 0; e < 384; e++)
+                                if (!used[e] && (best < 0 || logits[e] > logits[best])) best = e;
+                            used[best] = 1;
+                            r.expert[k] = (uint32_t)best;
+                            r.weight[k] = 1.0f + 0.01f * k;
+                            sum += r.weight[k];
+                        }
+                        for (int k = 0; k < NUSED; k++) {
+                            r.weight[k] *= 1.5f / sum;
+                            /* a different pool expert each step (all hits, none in L2) */
+                            const uint8_t *p = dev[((it + 10) * NUSED + k) % (np - 1)];
+                            w[k] = (sl_moe_expert_w){p, p + bg, p + 2 * bg};
+                        }
+                        if (mode == 1) {
+                            const uint32_t lo[3] = {0, 1, 2}, hi[3] = {5, 3, 4};
+                            if (sl_gpu_moe_begin(c, io.x, &r, &err) ||
+                                sl_gpu_moe_part(c, lo, 3, w, &err) ||
+                                sl_gpu_moe_part(c, hi, 3, w, &err) ||
+                                sl_gpu_moe_finish(c, out, NULL, &err))
+                                DIE("%s", err.msg);
+                        } else if (sl_gpu_moe_routed(c, io.x, &r, w, out, NULL, &err))
+                            DIE("%s", err.msg);
+                    }
+                    if (pass == 0 && sl_gpu_sync(c, &err)) DIE("%s", err.msg);
+                    const double t2 = now_us();
+                    if (it == -1) {
+                        if (sl_gpu_sync(c, &err)) DIE("%s", err.msg);
+                        b2b = now_us();
+                    }
+                    if (pass == 0 && it >= 0) {
+                        lat[it] = t2 - t0;
+                        lr[it] = t1 - t0;
+                        lx[it] = t2 - t1;
+                    }
                 }
-                sl_moe_expert_w w[NUSED];
-                for (int k = 0; k < NUSED; k++) {
-                    r.weight[k] *= 1.5f / sum;
-                    /* a different pool expert each step (all hits, none in L2) */
-                    const uint8_t *p = dev[((it + 10) * NUSED + k) % (np - 1)];
-                    w[k] = (sl_moe_expert_w){p, p + bg, p + 2 * bg};
-                }
-                if (split) {
-                    const uint32_t lo[3] = {0, 1, 2}, hi[3] = {5, 3, 4};
-                    if (sl_gpu_moe_begin(c, io.x, &r, &err) || sl_gpu_moe_part(c, lo, 3, w, &err) ||
-                        sl_gpu_moe_part(c, hi, 3, w, &err) || sl_gpu_moe_finish(c, out, NULL, &err))
-                        DIE("%s", err.msg);
-                } else if (sl_gpu_moe_routed(c, io.x, &r, w, out, NULL, &err))
-                    DIE("%s", err.msg);
                 if (sl_gpu_sync(c, &err)) DIE("%s", err.msg);
-                const double t2 = now_us();
-                if (it >= 0) {
-                    lat[it] = t2 - t0;
-                    lr[it] = t1 - t0;
-                    lx[it] = t2 - t1;
-                }
+                if (pass == 1) b2b = (now_us() - b2b) / it_n;
+                (void)tb;
             }
             qsort(lat, it_n, sizeof *lat, cmp_d);
             qsort(lr, it_n, sizeof *lr, cmp_d);
             qsort(lx, it_n, sizeof *lx, cmp_d);
-            say("| %s | %.1f (%.1f, %.1f) | %.1f | **%.1f** (%.1f, %.1f) |\n",
-                split ? "begin + 2 parts + finish" : "sl_gpu_moe_routed", lr[it_n / 2],
-                lr[it_n / 10], lr[it_n * 9 / 10], lx[it_n / 2], lat[it_n / 2], lat[it_n / 10],
-                lat[it_n * 9 / 10]);
+            say("| %s | %.1f (%.1f, %.1f) | %.1f | **%.1f** (%.1f, %.1f) | **%.1f** |\n",
+                mode_name[mode], lr[it_n / 2], lr[it_n / 10], lr[it_n * 9 / 10], lx[it_n / 2],
+                lat[it_n / 2], lat[it_n / 10], lat[it_n * 9 / 10], b2b);
         }
+        /* Where a device-routed layer's time goes, on the GPU's own clock (event marks on
+         * the main stream, layers back to back): A = router + selection (+ gate/up of
+         * the device tier when it holds the picks), B = the rest (q8_1 of h, down, the
+         * sum), including any wait for the host to queue it. */
+        say("Device-routed layers back to back, GPU timeline (event marks, median of %d):\n\n"
+            "| device tier | router + selection (+ gate/up) us | finish us | layer us |\n"
+            "|---|---|---|---|\n",
+            it_n / 4);
+        for (int with_t0 = 1; with_t0 >= 0; with_t0--) {
+            const int nl = it_n / 4;
+            uint64_t ns[3 * 400 + 2];
+            double ta[400], tf[400], tl[400];
+            uint32_t id = 0, n = 0;
+            if (sl_gpu_mark_anchor(c, &err)) DIE("%s", err.msg);
+            for (int it = 0; it < nl; it++) {
+                sl_moe_route r;
+                memset(&r, 0, sizeof r);
+                float sum = 0;
+                for (int k = 0; k < NUSED; k++) {
+                    r.expert[k] = (uint32_t)((it * NUSED + k) % 384);
+                    r.weight[k] = 1.0f + 0.01f * k;
+                    sum += r.weight[k];
+                }
+                for (int k = 0; k < NUSED; k++) r.weight[k] *= 1.5f / sum;
+                uint32_t started = 0;
+                if (sl_gpu_moe_shared(c, io.x, &sh, &err) || sl_gpu_mark(c, &id, &err) ||
+                    sl_gpu_route_start(c, io.x, rwd, NULL, with_t0 ? t0d : NULL, &r, &err) ||
+                    sl_gpu_mark(c, &id, &err) || sl_gpu_route_wait(c, &r, &started, &err))
+                    DIE("%s", err.msg);
+                if (!with_t0) {
+                    sl_moe_expert_w w[NUSED];
+                    uint32_t all[NUSED];
+                    for (int k = 0; k < NUSED; k++) {
+                        const sl_gpu_t0e *te = &t0h[r.expert[k]];
+                        w[k] = (sl_moe_expert_w){te->gate, te->up, te->down};
+                        all[k] = (uint32_t)k;
+                    }
+                    if (sl_gpu_moe_part(c, all, NUSED, w, &err)) DIE("%s", err.msg);
+                }
+                if (sl_gpu_moe_finish(c, out, NULL, &err) || sl_gpu_mark(c, &id, &err))
+                    DIE("%s", err.msg);
+            }
+            if (sl_gpu_marks_read(c, ns, &n, &err)) DIE("%s", err.msg);
+            for (int it = 0; it < nl; it++) {
+                const uint64_t *m = ns + 1 + 3 * it;
+                ta[it] = (double)(m[1] - m[0]) / 1e3;
+                tf[it] = (double)(m[2] - m[1]) / 1e3;
+                tl[it] = it ? (double)(m[2] - m[-1]) / 1e3 : 0;
+            }
+            qsort(ta, nl, sizeof *ta, cmp_d);
+            qsort(tf, nl, sizeof *tf, cmp_d);
+            qsort(tl, nl, sizeof *tl, cmp_d);
+            say("| %s | %.1f | %.1f | %.1f |\n",
+                with_t0 ? "holds every pick (gate/up before the host sees the picks)"
+                        : "empty (the host queues gate/up after the picks)",
+                ta[nl / 2], tf[nl / 2], tl[nl / 2 + 1]);
+        }
+        say("\n");
+        free(t0h);
+        sl_gpu_free(c, t0d);
         say("\n");
         /* what the per-expert placement check of sl_gpu_moe_part costs */
         const void *probe[2] = {dev[0], host};

@@ -23,6 +23,7 @@
 #include "gpu.h"
 #include "moe_emu.h"
 #include "quant.h"
+#include "router.h"
 #include "../moe_fixture.h"
 
 static int have_gpu(void)
@@ -191,6 +192,73 @@ Test(moe_gpu, router_bit_exact)
     NEED_GPU();
     check_router(5120, 1.0f);
     check_router(512, 0.7f);
+}
+
+/* The device's selection against router.c's on logits with exact ties, one-ulp near
+ * ties, infinities, NaN, huge and tiny values, with and without bias and norm_topk. */
+static void check_select(uint32_t n_expert, uint32_t k, int norm_topk, int with_bias, int kind)
+{
+    sl_moe_shape s = make_shape(256, 256, k, 0);
+    s.n_expert = n_expert;
+    s.norm_topk = norm_topk;
+    sl_err err = {0};
+    sl_gpu_ctx *c = NULL;
+    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    float logits[1024], bias[1024];
+    for (uint32_t e = 0; e < n_expert; e++) {
+        const float u = urand();
+        switch (kind) {
+        case 0:
+            logits[e] = (u - 0.5f) * 8.0f;
+            break; /* plain */
+        case 1:
+            logits[e] = (float)(rnd() % 4) * 0.25f;
+            break; /* exact ties */
+        case 2:
+            logits[e] = nextafterf(1.0f, (float)(rnd() % 3));
+            break; /* 1-ulp ties */
+        case 3:
+            logits[e] = u < 0.1f   ? INFINITY
+                        : u < 0.2f ? NAN
+                        : u < 0.3f ? -INFINITY
+                                   : (u - 0.5f) * 80.0f;
+            break; /* non-finite */
+        default:
+            logits[e] = ldexpf(u, (int)(rnd() % 200) - 150);
+            break; /* tiny to huge */
+        }
+        bias[e] = with_bias ? (float)(rnd() % 3) * 0.125f : 0.0f;
+    }
+    void *bd = with_bias ? to_dev(c, bias, sizeof(float) * n_expert) : NULL;
+    sl_moe_route want, got;
+    cr_assert_eq(sl_router_select(logits, with_bias ? bias : NULL, &s, &want, &err), 0, "%s",
+                 err.msg);
+    memset(&got, 0xFF, sizeof got);
+    cr_assert_eq(sl_gpu_select(c, logits, bd, &got, &err), 0, "%s", err.msg);
+    for (uint32_t r = 0; r < k; r++) {
+        cr_assert_eq(got.expert[r], want.expert[r], "kind %d n %u k %u rank %u: expert %u vs %u",
+                     kind, n_expert, k, r, got.expert[r], want.expert[r]);
+        /* NaN weights (an infinite score) agree as NaN: its sign bit is the FPU's */
+        const int both_nan = isnan(got.weight[r]) && isnan(want.weight[r]);
+        cr_assert(both_nan || !memcmp(&got.weight[r], &want.weight[r], 4),
+                  "kind %d rank %u: weight %.9g vs %.9g", kind, r, got.weight[r], want.weight[r]);
+    }
+    sl_gpu_free(c, bd);
+    sl_gpu_close(&c);
+}
+
+Test(moe_gpu, select_bit_exact)
+{
+    NEED_GPU();
+    for (int kind = 0; kind < 5; kind++)
+        for (int rep = 0; rep < 4; rep++) {
+            check_select(384, 6, 1, rep & 1, kind);
+            check_select(64, 8, rep >> 1, rep & 1, kind);
+            check_select(512, 1, 1, rep & 1, kind);
+            check_select(1024, 6, 1, rep & 1, kind);
+        }
+    printf("gpu selection: 80 logit sets (ties, 1-ulp ties, inf/NaN, 2^-150..2^50) identical to "
+           "sl_router_select\n");
 }
 
 /* ---- a whole layer ---- */
@@ -388,7 +456,12 @@ static void check_layer(uint32_t dim, uint32_t inter, uint32_t n_used, int sh_bf
         first_diff_f32("h", o.h, eh, (size_t)n_used * inter);
         first_diff_f32("hd", o.hd, ehd, (size_t)n_used * inter / 32);
         first_diff_f32("h_sh", o.h_sh, eh_sh, inter);
-        first_diff_f32("y_sh", o.y_sh, ey_sh, dim);
+        /* A K-quant shared expert in device memory runs inside the routed launches
+         * when there is room (n_used < 8): its output goes straight into the sum and
+         * peek gives NaN; elsewhere it runs on the side stream. */
+        const int merged = !sh_bf16 && !in_host && n_used < 8;
+        cr_assert_eq(isnan(o.y_sh[0]) != 0, merged, "%s: shared expert merged %d", where, merged);
+        if (!merged) first_diff_f32("y_sh", o.y_sh, ey_sh, dim);
         first_diff_f32("out_f32", o.yf, eyf, dim);
         cr_assert_eq(memcmp(o.out, eout, dim * 2), 0, "%s: bf16 output differs", where);
         free_out(&o);
@@ -526,6 +599,78 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
                      where);
     }
 
+    /* Routing on the device: the picks are router.c's; with a device tier holding the
+     * picks placed in device memory (and a forced routing, the layer's), those start
+     * before the host sees the picks and the output is the same bytes. */
+    {
+        const uint32_t ne = s->n_expert;
+        uint16_t *rw = rand_bf16((uint64_t)ne * dim, 0.05f);
+        float *bias = malloc(sizeof(float) * ne), *logits = malloc(sizeof(float) * ne);
+        for (uint32_t e = 0; e < ne; e++) bias[e] = (float)(rnd() % 5) * 0.01f;
+        void *rwd = to_dev(c, rw, (size_t)ne * dim * 2), *bd = to_dev(c, bias, sizeof(float) * ne);
+        const sl_moe_layer_w lw = {rw, bias, {NULL, NULL, NULL}};
+        sl_moe_route rwant, rgot;
+        cr_assert_eq(sl_router_route(L.x, &lw, s, logits, &rwant, &err), 0, "%s", err.msg);
+        uint32_t started = 99, all[8];
+        for (uint32_t k = 0; k < n_used; k++) all[k] = k;
+        cr_assert_eq(sl_gpu_route_start(c, xd, rwd, bd, NULL, NULL, &err), 0, "%s", err.msg);
+        cr_assert_eq(sl_gpu_route_start(c, xd, rwd, bd, NULL, NULL, &err), SL_EINVAL);
+        cr_assert_eq(sl_gpu_route_wait(c, &rgot, &started, &err), 0, "%s", err.msg);
+        cr_assert_eq(started, 0u);
+        for (uint32_t r = 0; r < n_used; r++) {
+            cr_assert_eq(rgot.expert[r], rwant.expert[r], "rank %u: expert %u vs %u", r,
+                         rgot.expert[r], rwant.expert[r]);
+            cr_assert_eq(memcmp(&rgot.weight[r], &rwant.weight[r], 4), 0, "rank %u weight", r);
+        }
+        cr_assert_eq(sl_gpu_moe_part(c, all, n_used, w, &err), 0, "%s", err.msg);
+        cr_assert_eq(sl_gpu_moe_finish(c, od, fd, &err), 0, "%s", err.msg);
+
+        sl_gpu_t0e *tab = calloc(ne, sizeof *tab);
+        uint32_t want_started = 0;
+        for (uint32_t k = 0; k < n_used; k++)
+            if (!host[k]) {
+                tab[L.route.expert[k]] = (sl_gpu_t0e){w[k].gate, w[k].up, w[k].down};
+                want_started |= 1u << k;
+            }
+        void *td = to_dev(c, tab, sizeof *tab * ne);
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass) { /* the table changes in stream order: drop rank 0's expert */
+                const uint32_t idx = L.route.expert[0];
+                const sl_gpu_t0e none = {NULL, NULL, NULL};
+                cr_assert_eq(sl_gpu_t0_set(c, td, &idx, &none, 1, &err), 0, "%s", err.msg);
+                want_started &= ~1u;
+            }
+            poison_dev(c, od, dim * 2);
+            poison_dev(c, fd, dim * 4);
+            cr_assert_eq(sl_gpu_moe_shared(c, xd, &sh, &err), 0, "%s", err.msg);
+            cr_assert_eq(sl_gpu_route_start(c, xd, rwd, bd, td, &L.route, &err), 0, "%s", err.msg);
+            cr_assert_eq(sl_gpu_route_wait(c, &rgot, &started, &err), 0, "%s", err.msg);
+            cr_assert_eq(started, want_started, "started 0x%x, want 0x%x (placement %s)", started,
+                         want_started, where);
+            uint32_t rest[8], nr = 0;
+            for (uint32_t k = 0; k < n_used; k++) {
+                cr_assert_eq(rgot.expert[k], L.route.expert[k]);
+                if (!(started >> k & 1)) rest[nr++] = k;
+            }
+            cr_assert_eq(sl_gpu_moe_part(c, rest, nr, w, &err), 0, "%s", err.msg);
+            cr_assert_eq(sl_gpu_moe_finish(c, od, fd, &err), 0, "%s", err.msg);
+            cr_assert_eq(sl_gpu_download(c, got, od, dim * 2, &err), 0, "%s", err.msg);
+            cr_assert_eq(sl_gpu_download(c, gotf, fd, dim * 4, &err), 0, "%s", err.msg);
+            cr_assert_eq(memcmp(gotf, onef, dim * 4), 0,
+                         "device-routed pass %d (placement %s, "
+                         "started 0x%x): f32 differs",
+                         pass, where, started);
+            cr_assert_eq(memcmp(got, one, dim * 2), 0, "device-routed pass %d: bf16 differs", pass);
+        }
+        free(tab);
+        free(rw);
+        free(bias);
+        free(logits);
+        sl_gpu_free(c, rwd);
+        sl_gpu_free(c, bd);
+        sl_gpu_free(c, td);
+    }
+
     /* misuse: a rank twice, finish before every rank, part before begin */
     const uint32_t r0 = 0;
     cr_assert_eq(sl_gpu_moe_begin(c, xd, &L.route, &err), 0, "%s", err.msg);
@@ -535,8 +680,9 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
     const uint32_t bad = n_used;
     cr_assert_eq(sl_gpu_moe_part(c, &bad, 1, w, &err), SL_EINVAL);
     cr_assert_eq(sl_gpu_sync(c, &err), 0, "%s", err.msg);
-    printf("gpu split dim %u inter %u n %u placement %s: %d random splits bit-exact with the "
-           "one-shot call and the emulation\n",
+    printf("gpu split dim %u inter %u n %u placement %s: %d random splits and the device-routed "
+           "start (device tier = the 'd' experts) bit-exact with the one-shot call and the "
+           "emulation; device picks = router.c's\n",
            dim, inter, n_used, where, trials);
 
     for (uint32_t k = 0; k < n_used; k++) unplace(c, keep[k], host[k]);
