@@ -10,6 +10,7 @@
 #
 # usage: bench/run-moe-e2e.sh BUILD_DIR [CHECKPOINT_DIR] [STEPS] [WARMUP] [CPUS]
 # CPUS "A,B" pins the fetcher's and the compute process's serving threads (--cpu).
+# SKIP_COLD=1 leaves out (c) (the disk reads take most of the run).
 set -eu
 build=$1
 dir=${2:-/tmp/sluice-bench-L4}
@@ -50,7 +51,8 @@ run() {
 }
 for routing in uniform zipf:1.0; do
     start_fetcher
-    run "(c) cold start from disk, T0 auto, routing $routing" --routing "$routing"
+    [ -n "${SKIP_COLD:-}" ] ||
+        run "(c) cold start from disk, T0 auto, routing $routing" --routing "$routing"
 done
 for routing in uniform zipf:1.0; do
     run "(a) every expert in T0 (preloaded), routing $routing" --routing "$routing" \

@@ -36,8 +36,9 @@ void sl_trace_add(sl_trace *t, const char *name, int32_t layer, int32_t expert, 
 
 /* Tracks that are not threads of the process (e.g. the GPU's own timeline): a track id
  * no thread id takes (above the kernel's pid_max, 2^22), and a name for the viewer. */
-#define SL_TRACE_TRACKS    8
-#define SL_TRACE_TRACK_GPU 0x40000001u
+#define SL_TRACE_TRACKS         8
+#define SL_TRACE_TRACK_GPU      0x40000001u
+#define SL_TRACE_TRACK_GPU_COPY 0x40000002u
 int sl_trace_name_track(sl_trace *t, uint32_t track, const char *name, sl_err *err);
 
 /* Records one span on a given track (t may be NULL). Thread-safe. */

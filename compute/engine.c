@@ -129,6 +129,7 @@ struct sl_compute {
     plan plan;
     uint8_t launched[64]; /* ranks of this layer whose experts are queued (hits first) */
     uint32_t started;     /* ranks whose gate/up the device queued from T0 (its routing) */
+    int copied;           /* the last place() queued a T1 -> T0 copy */
     uint32_t mark_layer, mark_routed, mark_launch; /* this layer's marks (--trace) */
     uint64_t *mark_ns;                             /* [SL_GPU_MARKS] their times (--trace) */
 #endif
@@ -794,6 +795,9 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
     if (o->trace_path) {
         rc = sl_trace_open(&c->trace, "sluice-compute", TRACE_CAPACITY, err);
         if (!rc) rc = sl_trace_name_track(c->trace, SL_TRACE_TRACK_GPU, "GPU (CUDA events)", err);
+        if (!rc)
+            rc = sl_trace_name_track(c->trace, SL_TRACE_TRACK_GPU_COPY,
+                                     "GPU copies T1->T0 (CUDA events)", err);
 #ifdef SL_HAVE_CUDA
         if (!rc && !(c->mark_ns = malloc(SL_GPU_MARKS * sizeof *c->mark_ns)))
             rc = sl_err_set(err, SL_ENOMEM, "out of memory");
@@ -1066,6 +1070,14 @@ static void gspan(sl_compute *c, const char *name, int32_t layer, int32_t expert
         c->gspan[c->n_gspan++] = (gpu_span){name, layer, expert, bytes, from, to};
 }
 
+/* The same on the copy stream (T1 -> T0 copies). */
+static uint32_t gmark_copy(sl_compute *c)
+{
+    uint32_t id = 0;
+    if (c->mark_ns && c->backend == SL_BACKEND_GPU && sl_gpu_mark_copy(c->gpu, &id, NULL)) id = 0;
+    return id;
+}
+
 /* The step's GPU spans into the trace, on the GPU's own track (waits for the GPU). */
 static void gspans_flush(sl_compute *c)
 {
@@ -1075,8 +1087,8 @@ static void gspans_flush(sl_compute *c)
     for (uint32_t i = 0; i < c->n_gspan; i++) {
         const gpu_span *g = &c->gspan[i];
         if (g->to < n)
-            sl_trace_add_on(c->trace, SL_TRACE_TRACK_GPU, g->name, g->layer, g->expert, g->bytes,
-                            ns[g->from], ns[g->to]);
+            sl_trace_add_on(c->trace, g->bytes ? SL_TRACE_TRACK_GPU_COPY : SL_TRACE_TRACK_GPU,
+                            g->name, g->layer, g->expert, g->bytes, ns[g->from], ns[g->to]);
     }
     c->n_gspan = 0;
 }
@@ -1143,13 +1155,16 @@ static int place(sl_compute *c, uint32_t l, uint32_t rank, uint32_t e, uint32_t 
     if (c->backend == SL_BACKEND_GPU) {
         rc = ensure_registered(c, err);
         if (rc) return rc;
+        c->copied = 0;
         if (c->t0.n_slot) {
             /* Already copied (this layer, before a fetcher restart), or a new copy. */
             uint32_t t = c->t0.slot_of[(uint64_t)l * c->cfg.n_expert + e];
             if (t == NO_SLOT) {
-                uint32_t m0 = gmark(c);
+                uint32_t m0 = gmark_copy(c);
                 t = t0_fill(c, l, e, host_slot, &rc, err);
-                gspan(c, "copy T1->T0", (int32_t)l, (int32_t)e, c->t0.slot_bytes, m0, gmark(c));
+                c->copied = t != NO_SLOT;
+                gspan(c, "copy T1->T0", (int32_t)l, (int32_t)e, c->t0.slot_bytes, m0,
+                      gmark_copy(c));
             }
             if (rc) return rc;
             if (t != NO_SLOT) {
@@ -1206,6 +1221,14 @@ static void on_arrival(void *ctx, const uint32_t *index, const sl_fetch_pin *pin
 #endif
         g->rc = place(c, g->layer, rank, g->want[index[i]], pins[i].slot, g->err);
         ranks[k++] = rank;
+#ifdef SL_HAVE_CUDA
+        /* An expert copied into T0 starts as soon as its own copy has landed, while the
+         * next one is copied (a launch waits for every copy queued before it). */
+        if (!g->rc && c->copied) {
+            g->rc = launch(c, ranks, k, "launch after its copy", g->err);
+            k = 0;
+        }
+#endif
     }
     if (!g->rc) g->rc = launch(c, ranks, k, n > 1 ? "launch hits" : "launch arrival", g->err);
 }

@@ -195,8 +195,12 @@ int sl_gpu_moe_part(sl_gpu_ctx *ctx, const uint32_t *ranks, uint32_t n,
  * out_f32_dev [dim] (nullable) the f32 sum. */
 int sl_gpu_moe_finish(sl_gpu_ctx *ctx, uint16_t *out_dev, float *out_f32_dev, sl_err *err);
 
-/* cudaMemcpyAsync host -> device on the main stream (host pinned or registered, e.g. an
- * arena slot); returns without waiting, so later work on the stream sees the bytes. */
+/* cudaMemcpyAsync host -> device (host pinned or registered, e.g. an arena slot) on the
+ * context's copy stream, so that it runs beside the kernels; returns without waiting.
+ * Work queued later through this context (sl_gpu_moe_part, _finish, sl_gpu_route_start)
+ * sees the bytes. The copy starts once the work queued up to the last
+ * sl_gpu_moe_finish has completed: the caller must not copy into memory that work of
+ * the token in flight reads (the engine never evicts a slot its layer uses). */
 int sl_gpu_upload_async(sl_gpu_ctx *ctx, void *dev, const void *host, size_t bytes, sl_err *err);
 
 /* ---- timeline marks (tracing) ----
@@ -206,8 +210,10 @@ int sl_gpu_upload_async(sl_gpu_ctx *ctx, void *dev, const void *host, size_t byt
  * and ends with sl_gpu_marks_read (waits for the last mark). */
 #define SL_GPU_MARKS 4096
 int sl_gpu_mark_anchor(sl_gpu_ctx *ctx, sl_err *err);
-/* *id: the mark's index in the batch (1, 2, ...). SL_ENOMEM when the batch is full. */
+/* *id: the mark's index in the batch (1, 2, ...). SL_ENOMEM when the batch is full.
+ * sl_gpu_mark_copy marks the copy stream instead (sl_gpu_upload_async's copies). */
 int sl_gpu_mark(sl_gpu_ctx *ctx, uint32_t *id, sl_err *err);
+int sl_gpu_mark_copy(sl_gpu_ctx *ctx, uint32_t *id, sl_err *err);
 /* ns[0..*n): the batch's times (ns[0] the anchor's); the batch is then over. */
 int sl_gpu_marks_read(sl_gpu_ctx *ctx, uint64_t *ns, uint32_t *n, sl_err *err);
 

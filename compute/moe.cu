@@ -58,6 +58,11 @@ struct sl_gpu_ctx {
     int dt_ok;                       /* the bulk-copy down fits this shape */
     int dt_occ[SL_GPU_MAX_USED + 1]; /* its CTAs per SM for n experts (persistent grid) */
     cudaStream_t main, side;
+    cudaStream_t copy;    /* sl_gpu_upload_async: host -> device beside the kernels */
+    cudaEvent_t ev_copy;  /* the copies queued so far (main waits before reading them) */
+    cudaEvent_t ev_fence; /* the end of the last token's work (copies wait for it) */
+    int copies_pending;   /* copies queued since the main stream last waited for them */
+    int fence_new;        /* ev_fence recorded since the copy stream last waited */
     cudaEvent_t ev_in, ev_sh;
     cudaEvent_t ev_logits;  /* the router's logits are in logits_host */
     int router_pending;     /* sl_gpu_router_start without its wait yet */
@@ -119,6 +124,15 @@ static int in_host(const void *p)
         return 1;
     }
     return a.type != cudaMemoryTypeDevice;
+}
+
+/* The main stream waits for the copies queued so far (before work that reads them). */
+static cudaError_t join_copies(sl_gpu_ctx *c)
+{
+    if (!c->copies_pending) return cudaSuccess;
+    c->copies_pending = 0;
+    cudaError_t rc = cudaEventRecord(c->ev_copy, c->copy);
+    return rc == cudaSuccess ? cudaStreamWaitEvent(c->main, c->ev_copy, 0) : rc;
 }
 
 /* ---- launchers, one per kernel family ---- */
@@ -307,6 +321,9 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
        "cudaDeviceGetAttribute(SM count)");
     CK(cudaStreamCreateWithFlags(&c->main, cudaStreamNonBlocking), "cudaStreamCreate(main)");
     CK(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking), "cudaStreamCreate(side)");
+    CK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking), "cudaStreamCreate(copy)");
+    CK(cudaEventCreateWithFlags(&c->ev_copy, cudaEventDisableTiming), "cudaEventCreate(copy)");
+    CK(cudaEventCreateWithFlags(&c->ev_fence, cudaEventDisableTiming), "cudaEventCreate(fence)");
     CK(cudaEventCreateWithFlags(&c->ev_in, cudaEventDisableTiming), "cudaEventCreate(in)");
     CK(cudaEventCreateWithFlags(&c->ev_sh, cudaEventDisableTiming), "cudaEventCreate(shared)");
     CK(cudaEventCreateWithFlags(&c->ev_logits, cudaEventDisableTiming), "cudaEventCreate(logits)");
@@ -377,6 +394,7 @@ extern "C" void sl_gpu_close(sl_gpu_ctx **pc)
     sl_gpu_ctx *c = *pc;
     if (c->main) cudaStreamSynchronize(c->main);
     if (c->side) cudaStreamSynchronize(c->side);
+    if (c->copy) cudaStreamSynchronize(c->copy);
     free_scratch(&c->rs);
     free_scratch(&c->ss);
     cudaFree(c->y_sh);
@@ -394,6 +412,9 @@ extern "C" void sl_gpu_close(sl_gpu_ctx **pc)
     free(c->marks);
     if (c->main) cudaStreamDestroy(c->main);
     if (c->side) cudaStreamDestroy(c->side);
+    if (c->copy) cudaStreamDestroy(c->copy);
+    if (c->ev_copy) cudaEventDestroy(c->ev_copy);
+    if (c->ev_fence) cudaEventDestroy(c->ev_fence);
     free(c);
     *pc = NULL;
 }
@@ -454,6 +475,7 @@ extern "C" int sl_gpu_sync(sl_gpu_ctx *c, sl_err *err)
 {
     if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_sync: NULL context");
     CK(cudaStreamSynchronize(c->side), "cudaStreamSynchronize(side)");
+    CK(cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
     CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(main)");
     return 0;
 }
@@ -566,6 +588,7 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
         *c->forced = *forced;
     }
     if (!c->gt_ok) t0 = NULL; /* the device tier's kernel does not fit: the host queues all */
+    CK(join_copies(c), "wait for the copies");
     CK(launch_router(c, x, w, c->logits_dev), "k_router_pf");
     const int with_sh = t0 && c->sh_state == SH_MERGE && c->sh_x == x;
     CK(launch_select(c, bias, t0, forced ? c->forced_dev : NULL, with_sh), "k_route_select");
@@ -732,6 +755,7 @@ extern "C" int sl_gpu_moe_part(sl_gpu_ctx *c, const uint32_t *ranks, uint32_t nr
         if (!c->dt_ok || in_host(e->down)) c->down_host = 1;
     }
     c->queued |= mask;
+    CK(join_copies(c), "wait for the copies");
     if (c->sh_state == SH_MERGE && c->sh_x == c->x) { /* rides with the first launch */
         tab[0].e[tab[0].n++] = c->sh;
         c->sh_state = SH_MERGED;
@@ -779,11 +803,14 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
         c->last_merged = 1;
     }
     c->sh_state = SH_NONE;
+    CK(join_copies(c), "wait for the copies");
     CK(launch_quant_h(c, c->rs, nq, c->main, pdl_q), "k_quant_h");
     const bool dt = !c->down_host;
     CK(launch_down(c, c->all, c->rs, extra, out_f32, out, c->main, dt, USE_PDL && dt),
        dt ? "k_down_pt_q3_k" : "k_down2_q3_k");
     c->n_last = n;
+    CK(cudaEventRecord(c->ev_fence, c->main), "cudaEventRecord(fence)");
+    c->fence_new = 1;
     return 0;
 }
 
@@ -810,8 +837,13 @@ extern "C" int sl_gpu_upload_async(sl_gpu_ctx *c, void *dev, const void *host, s
 {
     if (!c || !dev || !host)
         return sl_err_set(err, SL_EINVAL, "sl_gpu_upload_async: NULL argument");
-    CK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->main),
+    if (c->fence_new) { /* device memory read by the last token's work is free then */
+        CK(cudaStreamWaitEvent(c->copy, c->ev_fence, 0), "cudaStreamWaitEvent(copy, fence)");
+        c->fence_new = 0;
+    }
+    CK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->copy),
        "cudaMemcpyAsync(upload_async)");
+    c->copies_pending = 1;
     return 0;
 }
 
@@ -867,15 +899,25 @@ extern "C" int sl_gpu_mark_anchor(sl_gpu_ctx *c, sl_err *err)
     return 0;
 }
 
-extern "C" int sl_gpu_mark(sl_gpu_ctx *c, uint32_t *id, sl_err *err)
+static int mark_on(sl_gpu_ctx *c, cudaStream_t st, uint32_t *id, sl_err *err)
 {
     if (!c || !id) return sl_err_set(err, SL_EINVAL, "sl_gpu_mark: NULL argument");
     if (!c->n_marks) return sl_err_set(err, SL_EINVAL, "sl_gpu_mark: no sl_gpu_mark_anchor");
     if (c->n_marks == SL_GPU_MARKS)
         return sl_err_set(err, SL_ENOMEM, "sl_gpu_mark: %d marks since the anchor", SL_GPU_MARKS);
-    CK(cudaEventRecord(c->marks[c->n_marks], c->main), "cudaEventRecord(mark)");
+    CK(cudaEventRecord(c->marks[c->n_marks], st), "cudaEventRecord(mark)");
     *id = c->n_marks++;
     return 0;
+}
+
+extern "C" int sl_gpu_mark(sl_gpu_ctx *c, uint32_t *id, sl_err *err)
+{
+    return mark_on(c, c ? c->main : NULL, id, err);
+}
+
+extern "C" int sl_gpu_mark_copy(sl_gpu_ctx *c, uint32_t *id, sl_err *err)
+{
+    return mark_on(c, c ? c->copy : NULL, id, err);
 }
 
 extern "C" int sl_gpu_marks_read(sl_gpu_ctx *c, uint64_t *ns, uint32_t *n, sl_err *err)
@@ -884,10 +926,11 @@ extern "C" int sl_gpu_marks_read(sl_gpu_ctx *c, uint64_t *ns, uint32_t *n, sl_er
     uint32_t have = c->n_marks;
     *n = have;
     if (!have) return 0;
-    CK(cudaEventSynchronize(c->marks[have - 1]), "cudaEventSynchronize(marks)");
     ns[0] = c->anchor_ns;
     for (uint32_t i = 1; i < have; i++) {
         float ms = 0;
+        /* marks sit on two streams: each is waited for (at once when complete) */
+        CK(cudaEventSynchronize(c->marks[i]), "cudaEventSynchronize(mark)");
         CK(cudaEventElapsedTime(&ms, c->marks[0], c->marks[i]), "cudaEventElapsedTime(mark)");
         ns[i] = c->anchor_ns + (uint64_t)((double)ms * 1e6);
     }
