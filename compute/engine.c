@@ -129,7 +129,6 @@ struct sl_compute {
     plan plan;
     uint8_t launched[64]; /* ranks of this layer whose experts are queued (hits first) */
     uint32_t started;     /* ranks whose gate/up the device queued from T0 (its routing) */
-    int copied;           /* the last place() queued a T1 -> T0 copy */
     uint32_t mark_layer, mark_routed, mark_launch; /* this layer's marks (--trace) */
     uint64_t *mark_ns;                             /* [SL_GPU_MARKS] their times (--trace) */
 #endif
@@ -1155,14 +1154,12 @@ static int place(sl_compute *c, uint32_t l, uint32_t rank, uint32_t e, uint32_t 
     if (c->backend == SL_BACKEND_GPU) {
         rc = ensure_registered(c, err);
         if (rc) return rc;
-        c->copied = 0;
         if (c->t0.n_slot) {
             /* Already copied (this layer, before a fetcher restart), or a new copy. */
             uint32_t t = c->t0.slot_of[(uint64_t)l * c->cfg.n_expert + e];
             if (t == NO_SLOT) {
                 uint32_t m0 = gmark_copy(c);
                 t = t0_fill(c, l, e, host_slot, &rc, err);
-                c->copied = t != NO_SLOT;
                 gspan(c, "copy T1->T0", (int32_t)l, (int32_t)e, c->t0.slot_bytes, m0,
                       gmark_copy(c));
             }
@@ -1211,26 +1208,39 @@ static void on_arrival(void *ctx, const uint32_t *index, const sl_fetch_pin *pin
 {
     arrivals *g = ctx;
     sl_compute *c = g->c;
-    uint32_t ranks[128], k = 0;
+    uint32_t ranks[128], k = 0, later[128], n_later = 0;
     for (; k < g->n_pending; k++) ranks[k] = g->pending[k];
     g->n_pending = 0;
     for (uint32_t i = 0; i < n && !g->rc; i++) {
         uint32_t rank = g->rank_of[index[i]];
 #ifdef SL_HAVE_CUDA
         if (c->launched[rank]) continue;
+        /* one that must first be copied into T0 comes last (below) */
+        if (c->backend == SL_BACKEND_GPU && c->t0.n_slot &&
+            c->t0.slot_of[(uint64_t)g->layer * c->cfg.n_expert + g->want[index[i]]] == NO_SLOT) {
+            later[n_later++] = i;
+            continue;
+        }
 #endif
         g->rc = place(c, g->layer, rank, g->want[index[i]], pins[i].slot, g->err);
         ranks[k++] = rank;
-#ifdef SL_HAVE_CUDA
-        /* An expert copied into T0 starts as soon as its own copy has landed, while the
-         * next one is copied (a launch waits for every copy queued before it). */
-        if (!g->rc && c->copied) {
-            g->rc = launch(c, ranks, k, "launch after its copy", g->err);
-            k = 0;
-        }
-#endif
     }
     if (!g->rc) g->rc = launch(c, ranks, k, n > 1 ? "launch hits" : "launch arrival", g->err);
+#ifdef SL_HAVE_CUDA
+    /* The experts to copy into T0: the down projections of everything queued so far go
+     * first (they run while the copies land), then each copy with its own launch, which
+     * starts as soon as that copy has landed while the next one is copied (a launch
+     * waits for the copies queued before it). */
+    if (!g->rc && n_later) g->rc = sl_gpu_moe_down_early(c->gpu, g->err);
+    for (uint32_t j = 0; j < n_later && !g->rc; j++) {
+        const uint32_t i = later[j], rank = g->rank_of[index[i]];
+        g->rc = place(c, g->layer, rank, g->want[index[i]], pins[i].slot, g->err);
+        if (!g->rc) g->rc = launch(c, &rank, 1, "launch after its copy", g->err);
+    }
+#else
+    (void)later;
+    (void)n_later;
+#endif
 }
 
 /* Whether the shared slot table holds every expert of want[0..n) of layer l now (a

@@ -190,6 +190,13 @@ int sl_gpu_moe_begin(sl_gpu_ctx *ctx, const uint16_t *x_dev, const sl_moe_route 
 int sl_gpu_moe_part(sl_gpu_ctx *ctx, const uint32_t *ranks, uint32_t n,
                     const sl_moe_expert_w *w_by_rank, sl_err *err);
 
+/* Queues q8_1 of h and the down projections of the experts queued so far (each
+ * expert's rows kept apart), so that a token whose last experts arrive late (a copy, a
+ * read) ends with only their down and the sum: call it before queueing those. Does
+ * nothing when a down sits in host memory (that kernel sums in one go). The output bytes
+ * are the same with or without it. */
+int sl_gpu_moe_down_early(sl_gpu_ctx *ctx, sl_err *err);
+
 /* After every rank was queued: q8_1 of h, down, the sum in increasing expert id, plus
  * the shared expert if one was queued since the last token; out_dev [dim] bf16,
  * out_f32_dev [dim] (nullable) the f32 sum. */

@@ -82,6 +82,7 @@ struct sl_gpu_ctx {
     sl_ktab *tab_dev;                  /* the device tier's picks, for gate/up */
     cudaEvent_t ev_picks;              /* kroute is complete */
     int route_pending;                 /* sl_gpu_route_start without its wait yet */
+    uint32_t route_seq;                /* the number of the last routing queued */
     const uint16_t *route_x;           /* x of the pending routing */
     /* the token between sl_gpu_moe_begin and sl_gpu_moe_finish */
     int in_token;
@@ -90,6 +91,8 @@ struct sl_gpu_ctx {
     uint32_t slot_of[SL_GPU_MAX_USED]; /* rank -> position in increasing expert id */
     uint32_t queued;                   /* bit r: rank r's gate/up is queued */
     sl_ktab all;                       /* by slot: the down pointers for finish */
+    uint32_t early;                    /* slots whose down ran early (sl_gpu_moe_down_early) */
+    float *ys;                         /* [SL_GPU_MAX_USED][dim] their rows, apart */
     int down_host;                     /* some queued expert's down is in host memory */
     /* timeline marks (sl_gpu_mark): created on first use */
     cudaEvent_t *marks; /* [SL_GPU_MARKS] */
@@ -173,6 +176,38 @@ static cudaError_t launch_quant_h(const sl_gpu_ctx *c, const sl_kscratch &s, uin
     return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, st, pdl, s, groups);
 }
 
+/* q8_1 of h of the experts whose slot bit is set in mask (of the first n slots). */
+static cudaError_t launch_quant_mask(const sl_gpu_ctx *c, uint32_t n, uint32_t mask, bool pdl)
+{
+    const uint32_t gpe = c->shape.inter / 32, groups = n * gpe;
+    return k_launch(k_quant_h_mask, (groups + 7) / 8, 256, 0, c->main, pdl, c->rs, groups, gpe,
+                    mask);
+}
+
+/* Down of the table's experts (bulk-copy kernel, device weights), each expert's rows
+ * written apart into c->ys at its slot. */
+static cudaError_t launch_down_part(const sl_gpu_ctx *c, const sl_ktab &tab, bool pdl)
+{
+    const uint32_t dim = c->shape.dim, inter = c->shape.inter;
+    uint32_t grid = DP_ST == 1 ? dim / DP_TD : (uint32_t)(c->dt_occ[tab.n] * c->n_sm);
+    if (grid > dim / DP_TD) grid = dim / DP_TD;
+    return k_launch(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>, grid,
+                    k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
+                    k_dpt_smem(tab.n, inter, DP_TD, DP_ST), c->main, pdl, tab,
+                    (const int8_t *)c->rs.hq, (const float *)c->rs.hd, dim, inter,
+                    (const float *)NULL, (float *)NULL, (uint16_t *)NULL, c->ys);
+}
+
+/* The table of the slots in mask (from c->all). */
+static sl_ktab slots_tab(const sl_gpu_ctx *c, uint32_t mask)
+{
+    sl_ktab t;
+    memset(&t, 0, sizeof t);
+    for (int i = 0; i < SL_GPU_MAX_USED; i++)
+        if (mask >> i & 1) t.e[t.n++] = c->all.e[i];
+    return t;
+}
+
 /* Down of the table's experts and their fixed-order sum (+ extra). */
 static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl_kscratch &s,
                                const float *extra, float *out_f32, uint16_t *out, cudaStream_t st,
@@ -186,7 +221,7 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
         return k_launch(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>, grid,
                         k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
                         k_dpt_smem(tab.n, inter, DP_TD, DP_ST), st, pdl, tab, (const int8_t *)s.hq,
-                        (const float *)s.hd, dim, inter, extra, out_f32, out);
+                        (const float *)s.hd, dim, inter, extra, out_f32, out, (float *)NULL);
     }
     const size_t smem = k_down2_smem(tab.n, c->dn_maxv);
     const uint32_t grid = (dim / 4 + DN_T - 1) / DN_T;
@@ -330,6 +365,7 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
     if (alloc_scratch(&c->rs, SL_GPU_MAX_USED, s->inter, err)) return err ? err->code : SL_EIO;
     if (alloc_scratch(&c->ss, 1, s->inter, err)) return err ? err->code : SL_EIO;
     CK(cudaMalloc((void **)&c->y_sh, sizeof(float) * s->dim), "cudaMalloc(y_sh)");
+    CK(cudaMalloc((void **)&c->ys, sizeof(float) * SL_GPU_MAX_USED * s->dim), "cudaMalloc(ys)");
     CK(cudaHostAlloc((void **)&c->logits_host, sizeof(float) * s->n_expert, cudaHostAllocMapped),
        "cudaHostAlloc(logits)");
     CK(cudaHostGetDevicePointer((void **)&c->logits_host_dev, c->logits_host, 0),
@@ -339,6 +375,7 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
        "cudaHostAlloc(route)");
     CK(cudaHostGetDevicePointer((void **)&c->kroute_dev, c->kroute, 0),
        "cudaHostGetDevicePointer(route)");
+    memset(c->kroute, 0, sizeof *c->kroute); /* no routing numbered 0 is ever queued */
     CK(cudaHostAlloc((void **)&c->forced, sizeof *c->forced, cudaHostAllocMapped),
        "cudaHostAlloc(forced)");
     CK(cudaHostGetDevicePointer((void **)&c->forced_dev, c->forced, 0),
@@ -398,6 +435,7 @@ extern "C" void sl_gpu_close(sl_gpu_ctx **pc)
     free_scratch(&c->rs);
     free_scratch(&c->ss);
     cudaFree(c->y_sh);
+    cudaFree(c->ys);
     cudaFreeHost(c->logits_host);
     cudaFree(c->logits_dev);
     cudaFreeHost(c->kroute);
@@ -560,14 +598,15 @@ extern "C" int sl_gpu_t0_set(sl_gpu_ctx *c, sl_gpu_t0e *table, const uint32_t *i
 }
 
 /* The selection kernel on logits_dev, writing kroute and (t0) tab_dev. */
-static cudaError_t launch_select(const sl_gpu_ctx *c, const float *bias, const sl_gpu_t0e *t0,
+static cudaError_t launch_select(sl_gpu_ctx *c, const float *bias, const sl_gpu_t0e *t0,
                                  const sl_moe_route *forced, int with_sh)
 {
+    c->route_seq++;
     const sl_moe_shape *s = &c->shape;
     const uint32_t threads = (s->n_expert + 31) / 32 * 32; /* <= 1024, checked at open */
     return k_launch(k_route_select, 1, threads, 0, c->main, USE_PDL, (const float *)c->logits_dev,
                     bias, s->n_expert, s->n_used, s->norm_topk, s->route_scale, t0, forced,
-                    c->kroute_dev, c->tab_dev, c->sh, with_sh);
+                    c->kroute_dev, c->tab_dev, c->sh, with_sh, c->route_seq);
 }
 
 extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w,
@@ -615,7 +654,19 @@ extern "C" int sl_gpu_route_wait(sl_gpu_ctx *c, sl_moe_route *route, uint32_t *s
     if (!c->route_pending)
         return sl_err_set(err, SL_EINVAL, "sl_gpu_route_wait: no sl_gpu_route_start");
     c->route_pending = 0;
-    CK(cudaEventSynchronize(c->ev_picks), "cudaEventSynchronize(picks)");
+    /* The selection writes its number last (after a system fence): spinning on it sees
+     * the picks microseconds sooner than an event would; the event, asked now and then,
+     * catches a kernel that never wrote it. */
+    for (uint32_t spins = 1;; spins++) {
+        if (__atomic_load_n(&c->kroute->seq, __ATOMIC_ACQUIRE) == c->route_seq) break;
+        if (spins % 1024) continue;
+        const cudaError_t q = cudaEventQuery(c->ev_picks);
+        if (q == cudaErrorNotReady) continue;
+        CK(q, "cudaEventQuery(picks)");
+        if (__atomic_load_n(&c->kroute->seq, __ATOMIC_ACQUIRE) != c->route_seq)
+            return sl_err_set(err, SL_EIO, "sl_gpu_route_wait: the selection wrote no picks");
+        break;
+    }
     const uint32_t n = c->shape.n_used;
     memset(route, 0, sizeof *route);
     for (uint32_t r = 0; r < n; r++) {
@@ -718,6 +769,7 @@ extern "C" int sl_gpu_moe_begin(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_r
     c->all.n = (int)n;
     c->queued = 0;
     c->down_host = 0;
+    c->early = 0;
     c->in_token = 1;
     return 0;
 }
@@ -804,13 +856,46 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
     }
     c->sh_state = SH_NONE;
     CK(join_copies(c), "wait for the copies");
-    CK(launch_quant_h(c, c->rs, nq, c->main, pdl_q), "k_quant_h");
-    const bool dt = !c->down_host;
-    CK(launch_down(c, c->all, c->rs, extra, out_f32, out, c->main, dt, USE_PDL && dt),
-       dt ? "k_down_pt_q3_k" : "k_down2_q3_k");
+    if (c->early) { /* the rest's down apart too, then the sum of every slot in order */
+        const uint32_t rest = ((1u << nq) - 1) & ~c->early;
+        if (rest) {
+            CK(launch_quant_mask(c, nq, rest, pdl_q), "k_quant_h_mask");
+            CK(launch_down_part(c, slots_tab(c, rest), USE_PDL), "k_down_pt_q3_k (part)");
+        }
+        CK(k_launch(k_combine, (c->shape.dim + 255) / 256, 256, 0, c->main, USE_PDL && rest,
+                    (const float *)c->ys, nq, c->shape.dim, extra, out_f32, out),
+           "k_combine");
+    } else {
+        CK(launch_quant_h(c, c->rs, nq, c->main, pdl_q), "k_quant_h");
+        const bool dt = !c->down_host;
+        CK(launch_down(c, c->all, c->rs, extra, out_f32, out, c->main, dt, USE_PDL && dt),
+           dt ? "k_down_pt_q3_k" : "k_down2_q3_k");
+    }
     c->n_last = n;
     CK(cudaEventRecord(c->ev_fence, c->main), "cudaEventRecord(fence)");
     c->fence_new = 1;
+    return 0;
+}
+
+extern "C" int sl_gpu_moe_down_early(sl_gpu_ctx *c, sl_err *err)
+{
+    if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_moe_down_early: NULL context");
+    if (!c->in_token)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_moe_down_early: no sl_gpu_moe_begin");
+    if (c->down_host || !c->dt_ok) return 0; /* the register-staged down sums in one go */
+    const uint32_t n = c->shape.n_used;
+    uint32_t done = 0; /* slots whose gate/up is queued */
+    for (uint32_t r = 0; r < n; r++)
+        if (c->queued >> r & 1) done |= 1u << c->slot_of[r];
+    if (c->sh_state == SH_MERGED) {
+        done |= 1u << n;
+        c->all.e[n] = c->sh;
+    }
+    const uint32_t now = done & ~c->early;
+    if (!now) return 0;
+    CK(launch_quant_mask(c, n + 1, now, USE_PDL), "k_quant_h_mask");
+    CK(launch_down_part(c, slots_tab(c, now), USE_PDL), "k_down_pt_q3_k (part)");
+    c->early |= now;
     return 0;
 }
 

@@ -954,7 +954,7 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
     k_down_pt_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
                    const float *__restrict__ hd, uint32_t dim, uint32_t inter,
                    const float *__restrict__ extra, float *__restrict__ out_f32,
-                   uint16_t *__restrict__ out_bf16)
+                   uint16_t *__restrict__ out_bf16, float *__restrict__ part = nullptr)
 {
     static_assert(ST % NG == 0, "a stage always serves the same group");
     static_assert(TD * LPR % 32 == 0, "an expert's rows fill whole warps");
@@ -982,9 +982,10 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
                                               bytes, b);
     };
     k_pipe_start<ST>(bar, issue);
-    __syncthreads(); /* the barriers are initialised */
-    const int8_t *aq = hq + (size_t)e * inter;
-    const float *adp = hd + (size_t)e * (inter / 32);
+    __syncthreads();                          /* the barriers are initialised */
+    const int hs = e < n ? tab.e[e].slot : 0; /* the expert's row of h */
+    const int8_t *aq = hq + (size_t)hs * inter;
+    const float *adp = hd + (size_t)hs * (inter / 32);
     for (uint32_t k = grp; blockIdx.x + k * grid < tiles; k += NG) {
         const uint32_t t = blockIdx.x + k * grid;
         const uint32_t off = (uint32_t)(((size_t)t * TD * rb) & 15);
@@ -1010,13 +1011,51 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
         }
         if (in < TD) {
             const uint32_t o = t * TD + in;
-            float v = 0.0f;
-            for (int x = 0; x < n; x++) v = sl_emu_add(v, y[x][in]);
-            if (extra) v = sl_emu_add(v, extra[o]);
-            if (out_f32) out_f32[o] = v;
-            if (out_bf16) out_bf16[o] = sl_emu_bf16_bits(v);
+            if (part) { /* each expert's rows apart, by slot; k_combine sums them */
+                for (int x = 0; x < n; x++) part[(size_t)tab.e[x].slot * dim + o] = y[x][in];
+            } else {
+                float v = 0.0f;
+                for (int x = 0; x < n; x++) v = sl_emu_add(v, y[x][in]);
+                if (extra) v = sl_emu_add(v, extra[o]);
+                if (out_f32) out_f32[o] = v;
+                if (out_bf16) out_bf16[o] = sl_emu_bf16_bits(v);
+            }
         }
     }
+}
+
+/* The combine of k_down_pt_q3_k for experts whose rows were written apart (part):
+ * y = 0 + part[0][o] + ... + part[n-1][o] (slot order, i.e. increasing expert id, then
+ * the shared expert), + extra, as the fused combine adds them. */
+__global__ void k_combine(const float *__restrict__ part, uint32_t n, uint32_t dim,
+                          const float *__restrict__ extra, float *__restrict__ out_f32,
+                          uint16_t *__restrict__ out_bf16)
+{
+    k_pdl_wait();
+    k_pdl_go();
+    const uint32_t o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= dim) return;
+    float v = 0.0f;
+    for (uint32_t x = 0; x < n; x++) v = sl_emu_add(v, part[(size_t)x * dim + o]);
+    if (extra) v = sl_emu_add(v, extra[o]);
+    if (out_f32) out_f32[o] = v;
+    if (out_bf16) out_bf16[o] = sl_emu_bf16_bits(v);
+}
+
+/* q8_1 of h as k_quant_h_pdl, of the experts whose slot bit is set in mask only
+ * (gpe groups of 32 an expert). */
+__global__ void k_quant_h_mask(const __grid_constant__ sl_kscratch s, uint32_t groups, uint32_t gpe,
+                               uint32_t mask)
+{
+    k_pdl_wait();
+    k_pdl_go();
+    const int lane = threadIdx.x & 31;
+    const uint32_t grp = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (grp >= groups || !(mask >> (grp / gpe) & 1)) return;
+    float d;
+    const int q = k_q8_lane(s.h[(size_t)grp * 32 + lane], &d);
+    s.hq[(size_t)grp * 32 + lane] = (int8_t)q;
+    if (lane == 0) s.hd[grp] = d;
 }
 
 /* q8_1 of h as k_quant_h, for launches with programmatic dependent launch. */
@@ -1313,6 +1352,7 @@ struct sl_kroute {
     float weight[SL_GPU_MAX_USED];
     uint32_t started;           /* bit r: rank r's gate/up was queued by the device */
     sl_kexp e[SL_GPU_MAX_USED]; /* by slot (increasing expert id), the started ones */
+    uint32_t seq;               /* written last: the routing's number (the host spins on it) */
 };
 
 /* The selection of router.c on the device, bit for bit (router.h states the rules):
@@ -1329,7 +1369,7 @@ __global__ void __launch_bounds__(1024)
     k_route_select(const float *__restrict__ logits, const float *__restrict__ bias,
                    uint32_t n_expert, uint32_t k, int norm_topk, float route_scale,
                    const sl_gpu_t0e *__restrict__ t0, const sl_moe_route *forced, sl_kroute *out,
-                   sl_ktab *tab, sl_kexp sh, int with_sh)
+                   sl_ktab *tab, sl_kexp sh, int with_sh, uint32_t seq)
 {
     __shared__ float wmax[32], ckey[1024], cscore[1024];
     __shared__ uint32_t cidx[1024], n_cand, pick[SL_GPU_MAX_USED];
@@ -1407,6 +1447,8 @@ __global__ void __launch_bounds__(1024)
     if (with_sh) tab->e[n++] = sh; /* the shared expert rides along (slot k) */
     tab->n = n;
     out->started = started;
+    __threadfence_system(); /* everything above reaches the host before the number */
+    *(volatile uint32_t *)&out->seq = seq;
 }
 
 /* Entries of the device tier's table: table[index[i]] = value[i], in order. */

@@ -250,7 +250,7 @@ static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     if (grid > tiles) grid = tiles;
     return k_launch(k_down_pt_q3_k<LPR, TD, ST, NG>, grid, threads, smem, 0, pdl, tab,
                     (const int8_t *)s.hq, (const float *)s.hd, io->dim, io->inter,
-                    (const float *)NULL, io->out_f32, io->out);
+                    (const float *)NULL, io->out_f32, io->out, (float *)NULL);
 }
 
 template <int NW, bool PF, bool FQ, int MINB>

@@ -589,6 +589,10 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
             cr_assert_eq(sl_gpu_moe_part(c, ranks + i, len, wr, &err), 0, "%s", err.msg);
             snprintf(parts + strlen(parts), sizeof parts - strlen(parts), "%u@%u ", len, i);
             i += len;
+            if (i < n_used && rnd() % 2) { /* the queued experts' down ahead of the rest */
+                cr_assert_eq(sl_gpu_moe_down_early(c, &err), 0, "%s", err.msg);
+                snprintf(parts + strlen(parts), sizeof parts - strlen(parts), "down ");
+            }
         }
         cr_assert_eq(sl_gpu_moe_finish(c, od, fd, &err), 0, "%s", err.msg);
         cr_assert_eq(sl_gpu_download(c, got, od, dim * 2, &err), 0, "%s", err.msg);
@@ -647,6 +651,7 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
             cr_assert_eq(sl_gpu_route_wait(c, &rgot, &started, &err), 0, "%s", err.msg);
             cr_assert_eq(started, want_started, "started 0x%x, want 0x%x (placement %s)", started,
                          want_started, where);
+            if (pass) cr_assert_eq(sl_gpu_moe_down_early(c, &err), 0, "%s", err.msg);
             uint32_t rest[8], nr = 0;
             for (uint32_t k = 0; k < n_used; k++) {
                 cr_assert_eq(rgot.expert[k], L.route.expert[k]);
@@ -680,9 +685,10 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
     const uint32_t bad = n_used;
     cr_assert_eq(sl_gpu_moe_part(c, &bad, 1, w, &err), SL_EINVAL);
     cr_assert_eq(sl_gpu_sync(c, &err), 0, "%s", err.msg);
-    printf("gpu split dim %u inter %u n %u placement %s: %d random splits and the device-routed "
-           "start (device tier = the 'd' experts) bit-exact with the one-shot call and the "
-           "emulation; device picks = router.c's\n",
+    printf("gpu split dim %u inter %u n %u placement %s: %d random splits (some with the "
+           "queued experts' down early) and the device-routed start (device tier = the 'd' "
+           "experts) bit-exact with the one-shot call and the emulation; device picks = "
+           "router.c's\n",
            dim, inter, n_used, where, trials);
 
     for (uint32_t k = 0; k < n_used; k++) unplace(c, keep[k], host[k]);
