@@ -5,8 +5,9 @@
  * each kernel variant's bytes/s for one token's routed experts (gate/up, down, both),
  * checked bit-exact against the CPU emulation; the zero-copy ceiling of a registered
  * POSIX shm mapping and the kernels reading experts in place from it; and the wall
- * time of a whole all-hit MoE layer through compute/gpu.h (shared expert on the side
- * stream, router GEMV with its download, host top-6, routed experts).
+ * time of a whole all-hit MoE layer through compute/gpu.h (shared expert, router GEMV,
+ * then either a host top-6 and the routed experts, or routing on the device), with the
+ * device-routed layer's GPU timeline from event marks.
  *
  * usage: bench-moe [-o FILE.md] [--pool N] [--iters N] [--zc-all]
  */
@@ -331,8 +332,9 @@ int main(int argc, char **argv)
         double *lx = malloc(sizeof(double) * it_n);
         say("## Whole MoE layer, all hits, through compute/gpu.h (%d tokens, host wall clock)\n\n",
             it_n);
-        say("shared expert (Q2_K/Q2_K/Q3_K) queued on the side stream, router GEMV (384 x 5120 "
-            "bf16); the host's rows wait for its logits and pick a top-6 (split: "
+        say("shared expert (Q2_K/Q2_K/Q3_K in device memory: it runs inside the routed gate/up "
+            "and down launches), router GEMV (384 x 5120 bf16); the host's rows wait for its "
+            "logits and pick a top-6 (split: "
             "sl_gpu_moe_begin, part(ranks 0-2), part(ranks 3-5), finish); the device row runs "
             "the selection on the GPU (a forced routing over every expert id, each in a device "
             "tier table) and queues gate/up before the host sees the picks. Whole layer: with a "
@@ -437,7 +439,7 @@ int main(int argc, char **argv)
          * the main stream, layers back to back): A = router + selection (+ gate/up of
          * the device tier when it holds the picks), B = the rest (q8_1 of h, down, the
          * sum), including any wait for the host to queue it. */
-        say("Device-routed layers back to back, GPU timeline (event marks, median of %d):\n\n"
+        say("\nDevice-routed layers back to back, GPU timeline (event marks, median of %d):\n\n"
             "| device tier | router + selection (+ gate/up) us | finish us | layer us |\n"
             "|---|---|---|---|\n",
             it_n / 4);
