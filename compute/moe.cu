@@ -10,6 +10,7 @@
  * a label.
  */
 #include <cuda_runtime.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -659,6 +660,7 @@ extern "C" int sl_gpu_route_wait(sl_gpu_ctx *c, sl_moe_route *route, uint32_t *s
      * catches a kernel that never wrote it. */
     for (uint32_t spins = 1;; spins++) {
         if (__atomic_load_n(&c->kroute->seq, __ATOMIC_ACQUIRE) == c->route_seq) break;
+        if (spins % 64 == 0) sched_yield(); /* e.g. to ZeroMQ's I/O thread on this CPU (--cpu) */
         if (spins % 1024) continue;
         const cudaError_t q = cudaEventQuery(c->ev_picks);
         if (q == cudaErrorNotReady) continue;
