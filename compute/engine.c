@@ -653,9 +653,6 @@ static void print_plan(sl_compute *c, FILE *f)
 }
 
 #ifdef SL_HAVE_CUDA
-/* Puts expert e of layer l (bytes at host_slot, a pinned arena slot laid out like a
- * T0 slot) into a free or evicted T0 slot with an asynchronous copy on the compute
- * stream; returns the slot, or NO_SLOT when every slot is in use this layer. */
 /* Queues the device table's pending changes (before the next routing on the device). */
 static int t0_table_flush(sl_compute *c, sl_err *err)
 {
@@ -678,6 +675,9 @@ static int t0_table_note(sl_compute *c, uint32_t index, sl_gpu_t0e value, sl_err
     return 0;
 }
 
+/* Puts expert e of layer l (bytes at host_slot, a pinned arena slot laid out like a
+ * T0 slot) into a free or evicted T0 slot with an asynchronous copy on the copy stream
+ * (gpu.h); returns the slot, or NO_SLOT when every slot is in use this layer. */
 static uint32_t t0_fill(sl_compute *c, uint32_t l, uint32_t e, const uint8_t *host_slot, int *rc,
                         sl_err *err)
 {
@@ -1143,7 +1143,7 @@ typedef struct arrivals {
 } arrivals;
 
 /* Points by_rank[rank] at expert e of layer l, pinned in host slot `slot` of the
- * current arena: a device-tier copy on a GPU with T0 (queued on the compute stream),
+ * current arena: a device-tier copy on a GPU with T0 (queued on the copy stream),
  * else the slot read in place (GPU zero-copy, or the CPU backends' host view). */
 static int place(sl_compute *c, uint32_t l, uint32_t rank, uint32_t e, uint32_t slot, sl_err *err)
 {

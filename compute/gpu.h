@@ -193,8 +193,10 @@ int sl_gpu_moe_part(sl_gpu_ctx *ctx, const uint32_t *ranks, uint32_t n,
 /* Queues q8_1 of h and the down projections of the experts queued so far (each
  * expert's rows kept apart), so that a token whose last experts arrive late (a copy, a
  * read) ends with only their down and the sum: call it before queueing those. Does
- * nothing when a down sits in host memory (that kernel sums in one go). The output bytes
- * are the same with or without it. */
+ * nothing when a down queued so far sits in host memory (that kernel sums in one go);
+ * after it, every down of the token goes through the bulk-copy kernel, host memory
+ * included (slower there, the same bits). The output bytes are the same with or
+ * without it. */
 int sl_gpu_moe_down_early(sl_gpu_ctx *ctx, sl_err *err);
 
 /* After every rank was queued: q8_1 of h, down, the sum in increasing expert id, plus

@@ -2,12 +2,12 @@
  * expert and routed experts of one token (DESIGN.md "One decode step"), whole or split
  * hits first (begin / part / finish).
  *
- * The context owns two streams (main; side, for the shared expert), the events that
- * join them, all scratch (sized at open: a layer allocates nothing) and the state of
- * the token between sl_gpu_moe_begin and sl_gpu_moe_finish. Kernels come from
- * moe_kern.cuh; the configuration below is the one that won in bench/gpu/moe
- * (bench/results/2026-11-30-moe.md). Every CUDA call and every launch is checked with
- * a label.
+ * The context owns three streams (main; side, for a shared expert that does not run
+ * with the routed ones; copy, for sl_gpu_upload_async), the events that join them, all scratch
+ * (sized at open: a layer allocates nothing) and the state of the token between sl_gpu_moe_begin
+ * and sl_gpu_moe_finish. Kernels come from moe_kern.cuh; the configuration below is the one that
+ * won in bench/gpu/moe (bench/results/2026-11-30-moe.md). Every CUDA call and every launch is
+ * checked with a label.
  */
 #include <cuda_runtime.h>
 #include <sched.h>
@@ -56,6 +56,7 @@ struct sl_gpu_ctx {
     int gu_maxv, dn_maxv;            /* register chunks per lane of one step (4|8, 8|16) */
     int gu_occ;                      /* CTAs per SM of the register-staged gate/up */
     int gt_ok, gt_occ;               /* the bulk-copy gate/up fits this shape; its CTAs per SM */
+    int gtd_ok;                      /* its device-table form fits too (routing on the device) */
     int dt_ok;                       /* the bulk-copy down fits this shape */
     int dt_occ[SL_GPU_MAX_USED + 1]; /* its CTAs per SM for n experts (persistent grid) */
     cudaStream_t main, side;
@@ -318,11 +319,12 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
                          "k_router_pf", err);
         if (rc) return rc;
     }
-    if (c->gt_ok) {
+    if (c->gt_ok) { /* its static table needs a little more shared memory: else unused */
         int o3 = 0;
-        rc = prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, GT_NG * GT_NW * 32,
-                         gt_smem, &o3, "k_gateup_tma_dev_q2_k", err);
-        if (rc) return rc;
+        c->gtd_ok = !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>,
+                                 GT_NG * GT_NW * 32, gt_smem, &o3, "k_gateup_tma_dev_q2_k", NULL) &&
+                    o3 >= 1;
+        (void)cudaGetLastError();
     }
     if (c->gu_occ < 1 || occ < 1)
         return sl_err_set(err, SL_EUNSUPPORTED, "sl_gpu_open: kernels do not fit (occupancy %d/%d)",
@@ -587,6 +589,11 @@ extern "C" int sl_gpu_t0_set(sl_gpu_ctx *c, sl_gpu_t0e *table, const uint32_t *i
     if (!c || !table || (n && (!index || !value)) || n > 16)
         return sl_err_set(err, SL_EINVAL, "sl_gpu_t0_set: bad arguments (n %u)", n);
     if (!n) return 0;
+    for (uint32_t i = 0; i < n; i++) /* an entry is empty (gate NULL) or three aligned parts */
+        if (value[i].gate && (check_ptr(value[i].gate, "sl_gpu_t0_set: gate", err) ||
+                              check_ptr(value[i].up, "sl_gpu_t0_set: up", err) ||
+                              check_ptr(value[i].down, "sl_gpu_t0_set: down", err)))
+            return SL_EINVAL;
     memset(&set, 0, sizeof set);
     set.n = n;
     for (uint32_t i = 0; i < n; i++) {
@@ -627,7 +634,7 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
                                   forced->expert[r], s->n_expert);
         *c->forced = *forced;
     }
-    if (!c->gt_ok) t0 = NULL; /* the device tier's kernel does not fit: the host queues all */
+    if (!c->gtd_ok) t0 = NULL; /* the device tier's kernel does not fit: the host queues all */
     CK(join_copies(c), "wait for the copies");
     CK(launch_router(c, x, w, c->logits_dev), "k_router_pf");
     const int with_sh = t0 && c->sh_state == SH_MERGE && c->sh_x == x;
@@ -682,6 +689,7 @@ extern "C" int sl_gpu_route_wait(sl_gpu_ctx *c, sl_moe_route *route, uint32_t *s
         if (*started >> r & 1) {
             const uint32_t slot = c->slot_of[r];
             c->all.e[slot] = c->kroute->e[slot];
+            if (!c->dt_ok || in_host(c->all.e[slot].down)) c->down_host = 1;
         }
     c->queued = *started;
     return 0;

@@ -12,7 +12,7 @@
  *
  * Accuracy: e^v and log1p(t) within a few double ulps, so the f32 score is the
  * correctly rounded sqrt(softplus(logit)) or one f32 ulp from it (tests/test_router.c
- * checks 2 ulps against libm's double functions over the whole f32 logit range).
+ * checks one ulp against libm's double functions over the whole f32 logit range).
  */
 #ifndef SL_SCORE_H
 #define SL_SCORE_H

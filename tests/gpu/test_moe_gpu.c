@@ -223,9 +223,12 @@ static void check_select(uint32_t n_expert, uint32_t k, int norm_topk, int with_
                         : u < 0.3f ? -INFINITY
                                    : (u - 0.5f) * 80.0f;
             break; /* non-finite */
-        default:
+        case 4:
             logits[e] = ldexpf(u, (int)(rnd() % 200) - 150);
             break; /* tiny to huge */
+        default:   /* -40 .. -164000: subnormal and zero scores, the two-step scaling */
+            logits[e] = -ldexpf(0.5f + u, (int)(rnd() % 11)) * 80.0f;
+            break;
         }
         bias[e] = with_bias ? (float)(rnd() % 3) * 0.125f : 0.0f;
     }
@@ -250,15 +253,17 @@ static void check_select(uint32_t n_expert, uint32_t k, int norm_topk, int with_
 Test(moe_gpu, select_bit_exact)
 {
     NEED_GPU();
-    for (int kind = 0; kind < 5; kind++)
+    for (int kind = 0; kind < 6; kind++)
         for (int rep = 0; rep < 4; rep++) {
             check_select(384, 6, 1, rep & 1, kind);
             check_select(64, 8, rep >> 1, rep & 1, kind);
             check_select(512, 1, 1, rep & 1, kind);
             check_select(1024, 6, 1, rep & 1, kind);
+            check_select(100, 6, 1, rep & 1, kind); /* not whole warps */
+            check_select(300, 8, rep >> 1, rep & 1, kind);
         }
-    printf("gpu selection: 80 logit sets (ties, 1-ulp ties, inf/NaN, 2^-150..2^50) identical to "
-           "sl_router_select\n");
+    printf("gpu selection: 144 logit sets (ties, 1-ulp ties, inf/NaN, 2^-150..2^50, "
+           "-40..-164000; 64 to 1024 experts) identical to sl_router_select\n");
 }
 
 /* ---- a whole layer ---- */
