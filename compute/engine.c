@@ -590,6 +590,12 @@ static void gpu_close(sl_compute *c)
     sl_gpu_close(&c->gpu);
 }
 
+/* The T0 slot holding expert e of layer l, NO_SLOT when none (or no device tier). */
+static uint32_t t0_slot(const sl_compute *c, uint32_t l, uint32_t e)
+{
+    return c->t0.n_slot ? c->t0.slot_of[(uint64_t)l * c->cfg.n_expert + e] : NO_SLOT;
+}
+
 static int t0_busy(void *ctx, uint32_t slot)
 {
     return ((const t0_tier *)ctx)->in_use[slot];
@@ -1042,8 +1048,6 @@ static void synthetic_route(sl_compute *c, uint32_t l, sl_moe_route *route)
     }
 }
 
-/* Route x: the router GEMV on the device that computes the layer, the selection on
- * the CPU in the reference's order. */
 /* Adds the time since *t to part `sub` of the layer and restarts the clock. */
 static void lap(sl_compute *c, int sub, uint64_t *t)
 {
@@ -1053,12 +1057,14 @@ static void lap(sl_compute *c, int sub, uint64_t *t)
 }
 
 #ifdef SL_HAVE_CUDA
-/* A timeline mark on the compute stream when tracing (0 otherwise, or when the batch
- * is full: the span is then left out). */
-static uint32_t gmark(sl_compute *c)
+/* A timeline mark when tracing, on the compute stream or (copy) the copy stream of the
+ * T1 -> T0 copies (0 otherwise, or when the batch is full: the span is then left out). */
+static uint32_t gmark(sl_compute *c, int copy)
 {
     uint32_t id = 0;
-    if (c->mark_ns && c->backend == SL_BACKEND_GPU && sl_gpu_mark(c->gpu, &id, NULL)) id = 0;
+    if (c->mark_ns && c->backend == SL_BACKEND_GPU &&
+        (copy ? sl_gpu_mark_copy : sl_gpu_mark)(c->gpu, &id, NULL))
+        id = 0;
     return id;
 }
 
@@ -1067,14 +1073,6 @@ static void gspan(sl_compute *c, const char *name, int32_t layer, int32_t expert
 {
     if (from && to && c->n_gspan < GPU_SPANS)
         c->gspan[c->n_gspan++] = (gpu_span){name, layer, expert, bytes, from, to};
-}
-
-/* The same on the copy stream (T1 -> T0 copies). */
-static uint32_t gmark_copy(sl_compute *c)
-{
-    uint32_t id = 0;
-    if (c->mark_ns && c->backend == SL_BACKEND_GPU && sl_gpu_mark_copy(c->gpu, &id, NULL)) id = 0;
-    return id;
 }
 
 /* The step's GPU spans into the trace, on the GPU's own track (waits for the GPU). */
@@ -1093,6 +1091,8 @@ static void gspans_flush(sl_compute *c)
 }
 #endif
 
+/* Route x: on the GPU routing on the device (below); on the CPU backends the router
+ * GEMV and the selection of router.c. */
 static int route_x(sl_compute *c, uint32_t l, layer_w *w, sl_moe_route *route, sl_err *err)
 {
     uint64_t t = sl_now_ns();
@@ -1113,7 +1113,7 @@ static int route_x(sl_compute *c, uint32_t l, layer_w *w, sl_moe_route *route, s
                                     c->t0.n_slot ? c->t0.table_dev + (uint64_t)l * c->cfg.n_expert
                                                  : NULL,
                                     synth ? &forced : NULL, err);
-        c->mark_routed = gmark(c);
+        c->mark_routed = gmark(c, 0);
         lap(c, SUB_SHARED, &t);
         if (!rc) rc = sl_gpu_route_wait(c->gpu, route, &c->started, err);
         lap(c, SUB_ROUTER, &t);
@@ -1156,12 +1156,11 @@ static int place(sl_compute *c, uint32_t l, uint32_t rank, uint32_t e, uint32_t 
         if (rc) return rc;
         if (c->t0.n_slot) {
             /* Already copied (this layer, before a fetcher restart), or a new copy. */
-            uint32_t t = c->t0.slot_of[(uint64_t)l * c->cfg.n_expert + e];
+            uint32_t t = t0_slot(c, l, e);
             if (t == NO_SLOT) {
-                uint32_t m0 = gmark_copy(c);
+                uint32_t m0 = gmark(c, 1);
                 t = t0_fill(c, l, e, host_slot, &rc, err);
-                gspan(c, "copy T1->T0", (int32_t)l, (int32_t)e, c->t0.slot_bytes, m0,
-                      gmark_copy(c));
+                gspan(c, "copy T1->T0", (int32_t)l, (int32_t)e, c->t0.slot_bytes, m0, gmark(c, 1));
             }
             if (rc) return rc;
             if (t != NO_SLOT) {
@@ -1187,7 +1186,7 @@ static int launch(sl_compute *c, const uint32_t *ranks, uint32_t n, const char *
 #ifdef SL_HAVE_CUDA
     if (c->backend == SL_BACKEND_GPU) {
         uint64_t t = sl_now_ns();
-        if (!c->mark_launch) c->mark_launch = gmark(c);
+        if (!c->mark_launch) c->mark_launch = gmark(c, 0);
         for (uint32_t k = 0; k < n; k++) c->launched[ranks[k]] = 1;
         int rc = sl_gpu_moe_part(c->gpu, ranks, n, c->by_rank, err);
         sl_trace_add(c->trace, what, -1, (int32_t)n, 0, t, sl_now_ns());
@@ -1217,7 +1216,7 @@ static void on_arrival(void *ctx, const uint32_t *index, const sl_fetch_pin *pin
         if (c->launched[rank]) continue;
         /* one that must first be copied into T0 comes last (below) */
         if (c->backend == SL_BACKEND_GPU && c->t0.n_slot &&
-            c->t0.slot_of[(uint64_t)g->layer * c->cfg.n_expert + g->want[index[i]]] == NO_SLOT) {
+            t0_slot(c, g->layer, g->want[index[i]]) == NO_SLOT) {
             later[n_later++] = i;
             continue;
         }
@@ -1273,8 +1272,7 @@ static int gather(sl_compute *c, uint32_t l, const sl_moe_route *route, sl_fetch
 #ifdef SL_HAVE_CUDA
         t0_tier *t = &c->t0;
         const int started = c->backend == SL_BACKEND_GPU && (c->started >> i & 1);
-        uint32_t slot =
-            t->n_slot ? t->slot_of[(uint64_t)l * c->cfg.n_expert + route->expert[i]] : NO_SLOT;
+        uint32_t slot = t0_slot(c, l, route->expert[i]);
         if (started && slot == NO_SLOT)
             return sl_err_set(err, SL_EIO,
                               "layer %u: the device tier's table holds expert %u, the host's "
@@ -1446,7 +1444,7 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     layer_w *w = &c->layers[l];
     uint64_t t0 = sl_now_ns(), t = t0;
 #ifdef SL_HAVE_CUDA
-    c->mark_layer = gmark(c);
+    c->mark_layer = gmark(c, 0);
     c->mark_launch = 0;
 #endif
     int rc = residual_norm(c, l > 0, w, err);
@@ -1477,7 +1475,7 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
 #endif
     if (rc) return sl_err_prefix(err, "layer %u", l);
 #ifdef SL_HAVE_CUDA
-    uint32_t done = gmark(c);
+    uint32_t done = gmark(c, 0);
     gspan(c, "norm + routing + T0 gate/up", (int32_t)l, -1, 0, c->mark_layer, c->mark_routed);
     /* After the device's own work the main stream waits for what the host queues once
      * it has the picks (the other experts, or only the down projections). */

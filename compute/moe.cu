@@ -170,34 +170,12 @@ static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const 
     return cudaGetLastError();
 }
 
-/* q8_1 of the first n experts' h. */
+/* q8_1 of h of the experts whose slot bit is set in mask, of the first n slots. */
 static cudaError_t launch_quant_h(const sl_gpu_ctx *c, const sl_kscratch &s, uint32_t n,
-                                  cudaStream_t st, bool pdl)
-{
-    const uint32_t groups = n * c->shape.inter / 32;
-    return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, st, pdl, s, groups);
-}
-
-/* q8_1 of h of the experts whose slot bit is set in mask (of the first n slots). */
-static cudaError_t launch_quant_mask(const sl_gpu_ctx *c, uint32_t n, uint32_t mask, bool pdl)
+                                  uint32_t mask, cudaStream_t st, bool pdl)
 {
     const uint32_t gpe = c->shape.inter / 32, groups = n * gpe;
-    return k_launch(k_quant_h_mask, (groups + 7) / 8, 256, 0, c->main, pdl, c->rs, groups, gpe,
-                    mask);
-}
-
-/* Down of the table's experts (bulk-copy kernel, device weights), each expert's rows
- * written apart into c->ys at its slot. */
-static cudaError_t launch_down_part(const sl_gpu_ctx *c, const sl_ktab &tab, bool pdl)
-{
-    const uint32_t dim = c->shape.dim, inter = c->shape.inter;
-    uint32_t grid = DP_ST == 1 ? dim / DP_TD : (uint32_t)(c->dt_occ[tab.n] * c->n_sm);
-    if (grid > dim / DP_TD) grid = dim / DP_TD;
-    return k_launch(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>, grid,
-                    k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
-                    k_dpt_smem(tab.n, inter, DP_TD, DP_ST), c->main, pdl, tab,
-                    (const int8_t *)c->rs.hq, (const float *)c->rs.hd, dim, inter,
-                    (const float *)NULL, (float *)NULL, (uint16_t *)NULL, c->ys);
+    return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, st, pdl, s, groups, gpe, mask);
 }
 
 /* The table of the slots in mask (from c->all). */
@@ -210,10 +188,11 @@ static sl_ktab slots_tab(const sl_gpu_ctx *c, uint32_t mask)
     return t;
 }
 
-/* Down of the table's experts and their fixed-order sum (+ extra). */
+/* Down of the table's experts and their fixed-order sum (+ extra); with part (tma
+ * only), each expert's rows written apart there at its slot instead (k_combine sums). */
 static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl_kscratch &s,
                                const float *extra, float *out_f32, uint16_t *out, cudaStream_t st,
-                               bool tma, bool pdl)
+                               bool tma, bool pdl, float *part = NULL)
 {
     const uint32_t dim = c->shape.dim, inter = c->shape.inter;
     if (tma) {
@@ -223,7 +202,7 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
         return k_launch(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>, grid,
                         k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
                         k_dpt_smem(tab.n, inter, DP_TD, DP_ST), st, pdl, tab, (const int8_t *)s.hq,
-                        (const float *)s.hd, dim, inter, extra, out_f32, out, (float *)NULL);
+                        (const float *)s.hd, dim, inter, extra, out_f32, out, part);
     }
     const size_t smem = k_down2_smem(tab.n, c->dn_maxv);
     const uint32_t grid = (dim / 4 + DN_T - 1) / DN_T;
@@ -617,6 +596,16 @@ static cudaError_t launch_select(sl_gpu_ctx *c, const float *bias, const sl_gpu_
                     c->kroute_dev, c->tab_dev, c->sh, with_sh, c->route_seq);
 }
 
+/* The selection's picks (mapped memory, complete) into route, zero past n_used. */
+static void read_picks(const sl_gpu_ctx *c, sl_moe_route *route)
+{
+    memset(route, 0, sizeof *route);
+    for (uint32_t r = 0; r < c->shape.n_used; r++) {
+        route->expert[r] = c->kroute->expert[r];
+        route->weight[r] = c->kroute->weight[r];
+    }
+}
+
 extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w,
                                   const float *bias, const sl_gpu_t0e *t0,
                                   const sl_moe_route *forced, sl_err *err)
@@ -677,11 +666,7 @@ extern "C" int sl_gpu_route_wait(sl_gpu_ctx *c, sl_moe_route *route, uint32_t *s
         break;
     }
     const uint32_t n = c->shape.n_used;
-    memset(route, 0, sizeof *route);
-    for (uint32_t r = 0; r < n; r++) {
-        route->expert[r] = c->kroute->expert[r];
-        route->weight[r] = c->kroute->weight[r];
-    }
+    read_picks(c, route);
     *started = c->kroute->started;
     int rc = sl_gpu_moe_begin(c, c->route_x, route, err);
     if (rc) return rc;
@@ -707,11 +692,7 @@ extern "C" int sl_gpu_select(sl_gpu_ctx *c, const float *logits, const float *bi
        "cudaMemcpyAsync(logits)");
     CK(launch_select(c, bias, NULL, NULL, 0), "k_route_select");
     CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(select)");
-    memset(route, 0, sizeof *route);
-    for (uint32_t r = 0; r < s->n_used; r++) {
-        route->expert[r] = c->kroute->expert[r];
-        route->weight[r] = c->kroute->weight[r];
-    }
+    read_picks(c, route);
     return 0;
 }
 
@@ -755,7 +736,7 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
         const bool gt = c->gt_ok && !in_host(sh->gate) && !in_host(sh->up);
         const bool dt = c->dt_ok && !in_host(sh->down);
         CK(launch_gateup(c, tab, x, c->ss, c->side, gt, false), "gate/up (shared)");
-        CK(launch_quant_h(c, c->ss, 1, c->side, false), "k_quant_h (shared)");
+        CK(launch_quant_h(c, c->ss, 1, ~0u, c->side, false), "k_quant_h (shared)");
         CK(launch_down(c, tab, c->ss, NULL, c->y_sh, NULL, c->side, dt, USE_PDL && dt),
            "down (shared)");
     }
@@ -869,14 +850,16 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
     if (c->early) { /* the rest's down apart too, then the sum of every slot in order */
         const uint32_t rest = ((1u << nq) - 1) & ~c->early;
         if (rest) {
-            CK(launch_quant_mask(c, nq, rest, pdl_q), "k_quant_h_mask");
-            CK(launch_down_part(c, slots_tab(c, rest), USE_PDL), "k_down_pt_q3_k (part)");
+            CK(launch_quant_h(c, c->rs, nq, rest, c->main, pdl_q), "k_quant_h (rest)");
+            CK(launch_down(c, slots_tab(c, rest), c->rs, NULL, NULL, NULL, c->main, true, USE_PDL,
+                           c->ys),
+               "k_down_pt_q3_k (rest, apart)");
         }
         CK(k_launch(k_combine, (c->shape.dim + 255) / 256, 256, 0, c->main, USE_PDL && rest,
                     (const float *)c->ys, nq, c->shape.dim, extra, out_f32, out),
            "k_combine");
     } else {
-        CK(launch_quant_h(c, c->rs, nq, c->main, pdl_q), "k_quant_h");
+        CK(launch_quant_h(c, c->rs, nq, ~0u, c->main, pdl_q), "k_quant_h");
         const bool dt = !c->down_host;
         CK(launch_down(c, c->all, c->rs, extra, out_f32, out, c->main, dt, USE_PDL && dt),
            dt ? "k_down_pt_q3_k" : "k_down2_q3_k");
@@ -903,8 +886,9 @@ extern "C" int sl_gpu_moe_down_early(sl_gpu_ctx *c, sl_err *err)
     }
     const uint32_t now = done & ~c->early;
     if (!now) return 0;
-    CK(launch_quant_mask(c, n + 1, now, USE_PDL), "k_quant_h_mask");
-    CK(launch_down_part(c, slots_tab(c, now), USE_PDL), "k_down_pt_q3_k (part)");
+    CK(launch_quant_h(c, c->rs, n + 1, now, c->main, USE_PDL), "k_quant_h (early)");
+    CK(launch_down(c, slots_tab(c, now), c->rs, NULL, NULL, NULL, c->main, true, USE_PDL, c->ys),
+       "k_down_pt_q3_k (early, apart)");
     c->early |= now;
     return 0;
 }

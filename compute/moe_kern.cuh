@@ -1042,30 +1042,16 @@ __global__ void k_combine(const float *__restrict__ part, uint32_t n, uint32_t d
     if (out_bf16) out_bf16[o] = sl_emu_bf16_bits(v);
 }
 
-/* q8_1 of h as k_quant_h_pdl, of the experts whose slot bit is set in mask only
- * (gpe groups of 32 an expert). */
-__global__ void k_quant_h_mask(const __grid_constant__ sl_kscratch s, uint32_t groups, uint32_t gpe,
-                               uint32_t mask)
+/* q8_1 of h as k_quant_h, for launches with programmatic dependent launch, of the
+ * experts whose slot bit is set in mask (gpe groups of 32 an expert; ~0u: all). */
+__global__ void k_quant_h_pdl(const __grid_constant__ sl_kscratch s, uint32_t groups, uint32_t gpe,
+                              uint32_t mask)
 {
     k_pdl_wait();
     k_pdl_go();
     const int lane = threadIdx.x & 31;
     const uint32_t grp = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (grp >= groups || !(mask >> (grp / gpe) & 1)) return;
-    float d;
-    const int q = k_q8_lane(s.h[(size_t)grp * 32 + lane], &d);
-    s.hq[(size_t)grp * 32 + lane] = (int8_t)q;
-    if (lane == 0) s.hd[grp] = d;
-}
-
-/* q8_1 of h as k_quant_h, for launches with programmatic dependent launch. */
-__global__ void k_quant_h_pdl(const __grid_constant__ sl_kscratch s, uint32_t groups)
-{
-    k_pdl_wait();
-    k_pdl_go();
-    const int lane = threadIdx.x & 31;
-    const uint32_t grp = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-    if (grp >= groups) return;
     float d;
     const int q = k_q8_lane(s.h[(size_t)grp * 32 + lane], &d);
     s.hq[(size_t)grp * 32 + lane] = (int8_t)q;

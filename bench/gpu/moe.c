@@ -114,6 +114,21 @@ static void say(const char *fmt, ...)
     fflush(stdout);
 }
 
+/* The forced routing of token `it` of the device-routed rows: experts it*6 .. it*6+5
+ * (mod 384), each a different pool expert through the device tier's table, with
+ * the host rows' weights. */
+static void forced_route(int it, sl_moe_route *r)
+{
+    float sum = 0;
+    memset(r, 0, sizeof *r);
+    for (int k = 0; k < NUSED; k++) {
+        r->expert[k] = (uint32_t)((it * NUSED + k) % 384);
+        r->weight[k] = 1.0f + 0.01f * k;
+        sum += r->weight[k];
+    }
+    for (int k = 0; k < NUSED; k++) r->weight[k] *= 1.5f / sum;
+}
+
 int main(int argc, char **argv)
 {
     opts o = {NULL, 36, 200, 0};
@@ -368,13 +383,7 @@ int main(int argc, char **argv)
                     sl_moe_expert_w w[NUSED];
                     double t1;
                     if (mode == 2) {
-                        float sum = 0;
-                        for (int k = 0; k < NUSED; k++) {
-                            r.expert[k] = (uint32_t)(((it + 10) * NUSED + k) % 384);
-                            r.weight[k] = 1.0f + 0.01f * k;
-                            sum += r.weight[k];
-                        }
-                        for (int k = 0; k < NUSED; k++) r.weight[k] *= 1.5f / sum;
+                        forced_route(it + 10, &r);
                         uint32_t started = 0;
                         if (sl_gpu_route_start(c, io.x, rwd, NULL, t0d, &r, &err) ||
                             sl_gpu_route_wait(c, &r, &started, &err))
@@ -451,14 +460,7 @@ int main(int argc, char **argv)
             if (sl_gpu_mark_anchor(c, &err)) DIE("%s", err.msg);
             for (int it = 0; it < nl; it++) {
                 sl_moe_route r;
-                memset(&r, 0, sizeof r);
-                float sum = 0;
-                for (int k = 0; k < NUSED; k++) {
-                    r.expert[k] = (uint32_t)((it * NUSED + k) % 384);
-                    r.weight[k] = 1.0f + 0.01f * k;
-                    sum += r.weight[k];
-                }
-                for (int k = 0; k < NUSED; k++) r.weight[k] *= 1.5f / sum;
+                forced_route(it, &r);
                 uint32_t started = 0;
                 if (sl_gpu_moe_shared(c, io.x, &sh, &err) || sl_gpu_mark(c, &id, &err) ||
                     sl_gpu_route_start(c, io.x, rwd, NULL, with_t0 ? t0d : NULL, &r, &err) ||

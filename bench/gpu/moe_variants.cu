@@ -200,7 +200,7 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
                               tab, io->x, io->dim, io->inter, 10.0f, s);
     if (rc != cudaSuccess) return rc;
     const uint32_t groups = (uint32_t)tab.n * io->inter / 32;
-    return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, 0, pdl, s, groups);
+    return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, 0, pdl, s, groups, groups, ~0u);
 }
 
 template <int LPR, int TD>
