@@ -23,21 +23,23 @@
  * (bench/results/2026-11-30-moe.md). Weights in mapped host memory (the zero-copy
  * path): run 4's register-staged kernels, which keep >= 0.9 of the PCIe ceiling
  * (bench/results/2026-11-29-moe.md). */
-#define GU_NW   8    /* warps per CTA, register-staged gate/up */
-#define GU_PF   true /* prefetch the next row pair */
-#define GU_MINB 1    /* __launch_bounds__ min CTAs per SM, gate/up */
-#define BF_NW   8    /* BF16 shared expert and the plain router */
-#define RT_NW   4    /* warps (experts) per CTA, prefetching router */
-#define DN_T    1    /* 4-row tiles per CTA, register-staged down */
-#define GT_NG   2    /* warp groups per CTA, bulk-copy gate/up */
-#define GT_NW   8    /* warps per group, bulk-copy gate/up */
-#define GT_TR   16   /* rows of gate (and of up) per stage */
-#define GT_ST   4    /* stages in flight per CTA (2 per group) */
-#define DP_LPR  4    /* lanes per row (k_dot2_q3_k), bulk-copy down */
-#define DP_TD   8    /* output rows per tile (stage), bulk-copy down */
-#define DP_ST   1    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
-#define DP_NG   1    /* warp groups per CTA, persistent bulk-copy down */
-#define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
+#define GU_NW   8     /* warps per CTA, register-staged gate/up */
+#define GU_PF   true  /* prefetch the next row pair */
+#define GU_MINB 1     /* __launch_bounds__ min CTAs per SM, gate/up */
+#define BF_NW   8     /* BF16 shared expert and the plain router */
+#define RT_NW   4     /* warps (experts) per CTA, prefetching router */
+#define DN_T    1     /* 4-row tiles per CTA, register-staged down */
+#define GT_NG   2     /* warp groups per CTA, bulk-copy gate/up */
+#define GT_NW   8     /* warps per group, bulk-copy gate/up */
+#define GT_TR   16    /* rows of gate (and of up) per stage */
+#define GT_ST   4     /* stages in flight per CTA (2 per group) */
+#define GT_MMA  false /* group sums on the tensor cores (k_mma4_q2_k): bench run 9 lost */
+#define DP_MMA  false /* tensor cores (k_mma2_q3_k: LPR 4, TD 16): bench run 9 lost */
+#define DP_LPR  4     /* lanes per row (k_dot2_q3_k; mma: 2 warps a 16-row tile) */
+#define DP_TD   8     /* output rows per tile (stage), bulk-copy down (mma: 16) */
+#define DP_ST   1     /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
+#define DP_NG   1     /* warp groups per CTA, persistent bulk-copy down */
+#define RT_C    24    /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
@@ -86,6 +88,7 @@ struct sl_gpu_ctx {
     int route_pending;                 /* sl_gpu_route_start without its wait yet */
     uint32_t route_seq;                /* the number of the last routing queued */
     const uint16_t *route_x;           /* x of the pending routing */
+    uint8_t *ximg[2]; /* x quantized for the bulk-copy gate/up (k_quant_x_img): main, side */
     /* the token between sl_gpu_moe_begin and sl_gpu_moe_finish */
     int in_token;
     const uint16_t *x;                 /* [dim] bf16, device */
@@ -140,22 +143,39 @@ static cudaError_t join_copies(sl_gpu_ctx *c)
     return rc == cudaSuccess ? cudaStreamWaitEvent(c->main, c->ev_copy, 0) : rc;
 }
 
+/* Shared memory of the bulk-copy gate/up. */
+static size_t gt_smem(uint32_t dim)
+{
+    return k_gateup_tma_smem(dim, GT_TR, GT_ST, GT_MMA ? GT_NG : 0, GT_NW);
+}
+
 /* ---- launchers, one per kernel family ---- */
 
+/* x quantized into img for the bulk-copy gate/up that follows on st. */
+static cudaError_t launch_quant_img(const sl_gpu_ctx *c, const uint16_t *x, uint8_t *img,
+                                    cudaStream_t st, bool pdl)
+{
+    const uint32_t blocks = c->shape.dim / 32;
+    return k_launch(k_quant_x_img, (blocks + 7) / 8, 256, 0, st, pdl, x, c->shape.dim, img);
+}
+
 /* Gate/up + SwiGLU of the table's experts into s.h (at each expert's slot); tma picks
- * the bulk-copy kernel (weights in device memory). */
+ * the bulk-copy kernel (weights in device memory; x quantized first, on st). */
 static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const uint16_t *x,
                                  const sl_kscratch &s, cudaStream_t st, bool tma, bool pdl)
 {
     const uint32_t dim = c->shape.dim, inter = c->shape.inter;
     const float limit = c->shape.swiglu_limit;
     if (tma) {
+        uint8_t *img = c->ximg[st == c->side];
+        cudaError_t rc = launch_quant_img(c, x, img, st, pdl);
+        if (rc != cudaSuccess) return rc;
         const uint32_t units = (uint32_t)tab.n * (inter / GT_TR);
         uint32_t grid = (uint32_t)(c->gt_occ * c->n_sm);
         if (grid > units) grid = units;
-        return k_launch(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, grid, GT_NG * GT_NW * 32,
-                        k_gateup_tma_smem(dim, GT_TR, GT_ST), st, pdl, tab, x, dim, inter, limit,
-                        s);
+        return k_launch(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, GT_MMA>, grid,
+                        GT_NG * GT_NW * 32, gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img,
+                        dim, inter, limit, s);
     }
     const uint32_t units = (uint32_t)tab.n * inter;
     uint32_t grid = (units + GU_NW - 1) / GU_NW;
@@ -199,7 +219,7 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
         /* persistent (ST > 1): as many CTAs as fit; else one per tile */
         uint32_t grid = DP_ST == 1 ? dim / DP_TD : (uint32_t)(c->dt_occ[tab.n] * c->n_sm);
         if (grid > dim / DP_TD) grid = dim / DP_TD;
-        return k_launch(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>, grid,
+        return k_launch(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, DP_MMA>, grid,
                         k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
                         k_dpt_smem(tab.n, inter, DP_TD, DP_ST), st, pdl, tab, (const int8_t *)s.hq,
                         (const float *)s.hd, dim, inter, extra, out_f32, out, part);
@@ -269,17 +289,17 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         rc = prep_kernel(k_down2_q3_k<16, DN_T>, SL_GPU_MAX_USED * 32,
                          k_down2_smem(SL_GPU_MAX_USED, 16), &occ, "k_down2_q3_k", err);
     if (rc) return rc;
-    const size_t gt_smem = k_gateup_tma_smem(dim, GT_TR, GT_ST);
-    if (gt_smem <= (size_t)optin) {
-        rc = prep_kernel(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, GT_NG * GT_NW * 32, gt_smem,
-                         &c->gt_occ, "k_gateup_tma_q2_k", err);
+    const size_t gts = gt_smem(dim);
+    if (gts <= (size_t)optin) {
+        rc = prep_kernel(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, GT_MMA>, GT_NG * GT_NW * 32,
+                         gts, &c->gt_occ, "k_gateup_tma_q2_k", err);
         if (rc) return rc;
         c->gt_ok = c->gt_occ >= 1;
     }
     const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST);
     if (dt_smem + 1024 <= (size_t)optin) {           /* + its static arrays */
         for (int n = 1; n <= SL_GPU_MAX_USED; n++) { /* the last sets the largest limit */
-            rc = prep_kernel(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>,
+            rc = prep_kernel(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, DP_MMA>,
                              (int)k_dpt_threads(n, DP_LPR, DP_TD, DP_NG),
                              k_dpt_smem(n, inter, DP_TD, DP_ST), &c->dt_occ[n], "k_down_pt_q3_k",
                              err);
@@ -300,8 +320,8 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
     }
     if (c->gt_ok) { /* its static table needs a little more shared memory: else unused */
         int o3 = 0;
-        c->gtd_ok = !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>,
-                                 GT_NG * GT_NW * 32, gt_smem, &o3, "k_gateup_tma_dev_q2_k", NULL) &&
+        c->gtd_ok = !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, GT_MMA>,
+                                 GT_NG * GT_NW * 32, gts, &o3, "k_gateup_tma_dev_q2_k", NULL) &&
                     o3 >= 1;
         (void)cudaGetLastError();
     }
@@ -363,6 +383,8 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
     CK(cudaHostGetDevicePointer((void **)&c->forced_dev, c->forced, 0),
        "cudaHostGetDevicePointer(forced)");
     CK(cudaMalloc((void **)&c->tab_dev, sizeof *c->tab_dev), "cudaMalloc(tab)");
+    for (int i = 0; i < 2; i++)
+        CK(cudaMalloc((void **)&c->ximg[i], k_gu4_xbytes(s->dim)), "cudaMalloc(ximg)");
     CK(cudaEventCreateWithFlags(&c->ev_picks, cudaEventDisableTiming), "cudaEventCreate(picks)");
     return prepare_kernels(c, err);
 }
@@ -423,6 +445,8 @@ extern "C" void sl_gpu_close(sl_gpu_ctx **pc)
     cudaFreeHost(c->kroute);
     cudaFreeHost(c->forced);
     cudaFree(c->tab_dev);
+    cudaFree(c->ximg[0]);
+    cudaFree(c->ximg[1]);
     if (c->ev_picks) cudaEventDestroy(c->ev_picks);
     if (c->ev_in) cudaEventDestroy(c->ev_in);
     if (c->ev_sh) cudaEventDestroy(c->ev_sh);
@@ -625,6 +649,7 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
     }
     if (!c->gtd_ok) t0 = NULL; /* the device tier's kernel does not fit: the host queues all */
     CK(join_copies(c), "wait for the copies");
+    if (t0) CK(launch_quant_img(c, x, c->ximg[0], c->main, USE_PDL), "k_quant_x_img");
     CK(launch_router(c, x, w, c->logits_dev), "k_router_pf");
     const int with_sh = t0 && c->sh_state == SH_MERGE && c->sh_x == x;
     CK(launch_select(c, bias, t0, forced ? c->forced_dev : NULL, with_sh), "k_route_select");
@@ -634,9 +659,10 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
         const uint32_t units = (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR);
         uint32_t grid = (uint32_t)(c->gt_occ * c->n_sm);
         if (grid > units) grid = units;
-        CK(k_launch(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, grid, GT_NG * GT_NW * 32,
-                    k_gateup_tma_smem(s->dim, GT_TR, GT_ST), c->main, USE_PDL,
-                    (const sl_ktab *)c->tab_dev, x, s->dim, s->inter, s->swiglu_limit, c->rs),
+        CK(k_launch(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, GT_MMA>, grid,
+                    GT_NG * GT_NW * 32, gt_smem(s->dim), c->main, USE_PDL,
+                    (const sl_ktab *)c->tab_dev, (const uint8_t *)c->ximg[0], s->dim, s->inter,
+                    s->swiglu_limit, c->rs),
            "k_gateup_tma_dev_q2_k");
     }
     c->route_pending = 1;

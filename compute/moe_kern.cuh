@@ -125,6 +125,22 @@ __device__ __forceinline__ int k_q8_lane(float v, float *d)
     return sl_emu_q8_code(v, *d, amax);
 }
 
+/* Block b of the activation (value v of each lane) into codes aq, scale ad[b] and the
+ * two sums of 16 codes as; PAD: k_quant_x's padded layout. */
+template <bool PAD>
+__device__ __forceinline__ void k_quant_block(float v, uint32_t b, int lane, int8_t *aq, float *ad,
+                                              int *as)
+{
+    float d;
+    const int q = k_q8_lane(v, &d);
+    aq[32 * b + lane + (PAD ? 16 * (b / 4) : 0)] = (int8_t)q;
+    int sum = q;
+#pragma unroll
+    for (int off = 8; off >= 1; off >>= 1) sum += __shfl_xor_sync(~0u, sum, off);
+    if ((lane & 15) == 0) as[2 * b + (lane >> 4) + (PAD ? 4 * (b / 16) : 0)] = sum;
+    if (lane == 0) ad[b] = d;
+}
+
 /* The activation x (bf16) quantized into shared memory by the whole CTA: codes aq[n],
  * scales ad[n/32], sums of 16 codes as[n/16]. PAD (k_gateup4_q2_k's layout): 16
  * bytes after every 128 codes and 4 ints after every 32 sums, so that the 8 lanes of
@@ -147,14 +163,7 @@ __device__ __forceinline__ void k_quant_x(const uint16_t *__restrict__ x, uint32
         for (int k = 0; k < 8; k++) {
             const uint32_t b = b0 + k * NW;
             if (b >= nblk) break; /* uniform across the warp */
-            float d;
-            const int q = k_q8_lane(v[k], &d);
-            aq[32 * b + lane + (PAD ? 16 * (b / 4) : 0)] = (int8_t)q;
-            int sum = q;
-#pragma unroll
-            for (int off = 8; off >= 1; off >>= 1) sum += __shfl_xor_sync(~0u, sum, off);
-            if ((lane & 15) == 0) as[2 * b + (lane >> 4) + (PAD ? 4 * (b / 16) : 0)] = sum;
-            if (lane == 0) ad[b] = d;
+            k_quant_block<PAD>(v[k], b, lane, aq, ad, as);
         }
     }
 }
@@ -643,10 +652,171 @@ template <int ST, typename F> __device__ __forceinline__ void k_pipe_start(uint6
     k_pdl_go();
 }
 
+/* ---- Q2_K on the tensor cores (mma.sync m16n8k32, u8 weights x s8 codes) ----
+ *
+ * One warp takes a 16-row tile and the blocks b = m, m + 4, ... of its rows, and keeps
+ * the f32 accumulators of sl_emu_dot_q2_k's lanes (chunk 4h + s of those blocks) for
+ * its two rows and the chunk s = t, so that the rows' sums are the emulation's bits
+ * after the butterfly's order is replayed over the warps (k_gateup_tma_body).
+ *
+ * Only the integer group sums move to the tensor cores. The k dimension of one mma is
+ * 8 groups x 4 codes: A's columns 4j..4j+3 are 4 codes of group j of half h (each 4
+ * consecutive codes are one qs word masked in place, so a code of level s arrives
+ * times 4^s: at most 192, hence u8), and B's column j is the activation codes of group
+ * j in rows 4j..4j+3 and zero elsewhere, so that C's column j is group j's sum. Four
+ * mmas (codes 4i..4i+3, i = 0..3) complete the 8 groups of a half; lane (g, t) then
+ * holds groups 2t, 2t + 1 (chunk 4h + t, both times 4^t) of rows g and g + 8. Of B,
+ * a lane holds a non-zero word only where its column is its k group (8 lanes); the
+ * others read 16 zero bytes. */
+__device__ __forceinline__ void k_mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                           uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* The f32 step of one chunk from its two group sums c0, c1 (times 4^t: sh = 2t), the
+ * block's packed scale bytes sc and the activation's sums s01 of the two groups. */
+__device__ __forceinline__ float k_q2_k_chunk(float acc, uint32_t dd, uint32_t sc, int c0, int c1,
+                                              int2 s01, float d8, int sh)
+{
+    const int isum = (int)(sc & 15) * (c0 >> sh) + (int)((sc >> 8) & 15) * (c1 >> sh);
+    const int imin = (int)((sc >> 4) & 15) * s01.x + (int)((sc >> 12) & 15) * s01.y;
+    const float d = __half2float(__ushort_as_half((unsigned short)(dd & 0xffffu)));
+    const float dmin = __half2float(__ushort_as_half((unsigned short)(dd >> 16)));
+    const float p = sl_emu_mul(d, k_i2f(isum));
+    return sl_emu_fma(d8, sl_emu_fma(-dmin, k_i2f(imin), p), acc);
+}
+
+/* One warp's accumulators acc[row g / g + 8][h] (chunk 4h + t) over blocks m, m + 4,
+ * ... of a 16-row Q2_K tile (rows rb bytes apart, 4-byte aligned, in shared memory);
+ * aq, ad, as: k_quant_x's padded layout; zero: 16 zero bytes of shared memory. */
+__device__ __forceinline__ void k_mma4_q2_k(const uint8_t *tile, uint32_t rb, const int8_t *aq,
+                                            const float *ad, const int *as, const int8_t *zero,
+                                            uint32_t nb, uint32_t m, float (&acc)[2][2])
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint32_t mlo = 0x03030303u << (2 * (t >> 1)), mhi = mlo << 4;
+    const uint8_t *row0 = tile + (size_t)g * rb, *row1 = row0 + 8 * (size_t)rb;
+    const bool on0 = g == t, on1 = g == t + 4;
+    acc[0][0] = acc[0][1] = acc[1][0] = acc[1][1] = 0.0f;
+    for (uint32_t b = m; b < nb; b += 4) {
+        const uint8_t *k0 = row0 + 84 * b, *k1 = row1 + 84 * b;
+        const uint32_t dd0 = *(const uint32_t *)(k0 + 80), dd1 = *(const uint32_t *)(k1 + 80);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t *q0 = (const uint32_t *)(k0 + 16 + 32 * h + 16 * (t & 1));
+            const uint32_t *q1 = (const uint32_t *)(k1 + 16 + 32 * h + 16 * (t & 1));
+            const int8_t *ap = aq + 288 * b + 144 * h + 16 * g; /* padded */
+            const int4 v0 = *(const int4 *)(on0 ? ap : zero);
+            const int4 v1 = *(const int4 *)(on1 ? ap : zero);
+            const uint32_t b0[4] = {(uint32_t)v0.x, (uint32_t)v0.y, (uint32_t)v0.z, (uint32_t)v0.w};
+            const uint32_t b1[4] = {(uint32_t)v1.x, (uint32_t)v1.y, (uint32_t)v1.z, (uint32_t)v1.w};
+            int c[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t w0 = q0[i], w1 = q1[i];
+                k_mma_u8s8(c, w0 & mlo, w1 & mlo, w0 & mhi, w1 & mhi, b0[i], b1[i]);
+            }
+            const int2 s01 = *(const int2 *)(as + 16 * b + 8 * h + 2 * t + 4 * (b >> 1));
+            const float d8 = ad[8 * b + 4 * h + t];
+            const uint32_t sc0 = *(const unsigned short *)(k0 + 8 * h + 2 * t);
+            const uint32_t sc1 = *(const unsigned short *)(k1 + 8 * h + 2 * t);
+            acc[0][h] = k_q2_k_chunk(acc[0][h], dd0, sc0, c[0], c[1], s01, d8, 2 * t);
+            acc[1][h] = k_q2_k_chunk(acc[1][h], dd1, sc1, c[2], c[3], s01, d8, 2 * t);
+        }
+    }
+}
+
+/* The activation x quantized once into global memory in k_quant_x's padded layout
+ * (k_gu4_xbytes(dim) bytes, 16-byte aligned), which the bulk-copy gate/up copies into
+ * shared memory instead of quantizing x in every CTA. One warp a block of 32. */
+__global__ void __launch_bounds__(256)
+    k_quant_x_img(const uint16_t *__restrict__ x, uint32_t dim, uint8_t *__restrict__ img)
+{
+    k_pdl_go(); /* the gate/up may queue its weights meanwhile */
+    k_pdl_wait();
+    int8_t *aq = (int8_t *)img;
+    float *ad = (float *)(aq + dim + dim / 8);
+    int *as = (int *)(ad + dim / 32);
+    const int lane = threadIdx.x & 31;
+    const uint32_t b = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (b < dim / 32)
+        k_quant_block<true>(sl_emu_bf16_to_f32(x[32 * b + lane]), b, lane, aq, ad, as);
+}
+
 /* Bytes of one stage of k_gateup_tma_q2_k: TR rows of gate, then TR rows of up. */
 __host__ __device__ inline uint32_t k_gut_stage(uint32_t dim, int tr)
 {
     return 2u * (uint32_t)tr * (dim / 256 * 84);
+}
+
+/* The group's named barrier (id 0 is __syncthreads'). */
+template <int NW> __device__ __forceinline__ void k_group_bar(int grp)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "n"(NW * 32) : "memory");
+}
+
+/* One unit (16 rows of gate, 16 of up, in stage st) on the tensor cores: warp w takes
+ * tile w & 1 (gate, up) and block set m = w >> 1 (k_mma4_q2_k); the partial sums meet
+ * in red, where 128 threads replay sl_emu_dot_q2_k's butterfly (for each s: over m as
+ * its xor 16 and 8, over h as its xor 4; then over s as its xor 2 and 1 by shuffles)
+ * and SwiGLU the 16 rows into h. Barriers: red is free (the previous unit's
+ * reduction is done), then red is full and the stage read. */
+template <int NW, typename F>
+__device__ __forceinline__ void
+k_gateup_mma_unit(const uint8_t *st, uint32_t rb, uint32_t nb, const int8_t *aq, const float *ad,
+                  const int *as, const int8_t *zero, float4 *red, int grp, int warp, int lane,
+                  const sl_kexp &ex, float *h, float limit, F &&stage_free)
+{
+    float acc[2][2];
+    k_mma4_q2_k(st + (warp & 1) * 16 * rb, rb, aq, ad, as, zero, nb, (uint32_t)warp >> 1, acc);
+    k_group_bar<NW>(grp);
+    red[warp * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
+    k_group_bar<NW>(grp);
+    if (warp == 0 && lane == 0) stage_free();
+    if (warp >= 4) return;
+    /* thread i = s + 4 * tile + 8 * r: row r of the tile, chunk s */
+    const int i = warp * 32 + lane, s = i & 3, tile = (i >> 2) & 1, r = i >> 3;
+    const float *x = (const float *)(red + 4 * (r & 7) + s) + 2 * (r >> 3); /* x[h] at +h */
+    float v[2]; /* per h: (m0 + m2) + (m1 + m3) */
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const float x0 = x[(tile + 0) * 128 + hh], x1 = x[(tile + 2) * 128 + hh];
+        const float x2 = x[(tile + 4) * 128 + hh], x3 = x[(tile + 6) * 128 + hh];
+        v[hh] = sl_emu_add(sl_emu_add(x0, x2), sl_emu_add(x1, x3));
+    }
+    float sum = sl_emu_add(v[0], v[1]);
+    sum = sl_emu_add(sum, __shfl_xor_sync(~0u, sum, 2));
+    sum = sl_emu_add(sum, __shfl_xor_sync(~0u, sum, 1));
+    const float up = __shfl_xor_sync(~0u, sum, 4);
+    if ((i & 7) == 0) h[r] = sl_emu_swiglu(sum, up, ex.w, limit);
+}
+
+/* One unit with dp4a: each warp step is k_gateup4_q2_k's (rows r, r + 1 of gate and
+ * up, 8 lanes a row); then the group's barrier frees the stage. */
+template <int NW, int TR, int NG, typename F>
+__device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t rb, uint32_t nb,
+                                                   const int8_t *aq, const float *ad, const int *as,
+                                                   int grp, int warp, int lane, const sl_kexp &ex,
+                                                   float *h, float limit, F &&stage_free)
+{
+    const int t = lane >> 3, n = lane & 7;
+    for (int p = warp; p < TR / 2; p += NW) {
+        const uint8_t *row = st + (t & 1) * TR * rb + (2 * p + (t >> 1)) * rb;
+        float a[4];
+        k_dot4_q2_k(row, aq, ad, as, nb, n & 1, n >> 1, a);
+        const float v = k_comb4(a);
+        const float o = __shfl_xor_sync(~0u, v, 8); /* gate lanes get their up */
+        if ((lane & 15) == 0) h[2 * p + (lane >> 4)] = sl_emu_swiglu(v, o, ex.w, limit);
+    }
+    if (NG == 1)
+        __syncthreads();
+    else
+        k_group_bar<NW>(grp);
+    if (warp == 0 && lane == 0) stage_free();
 }
 
 /* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (k_quant_h
@@ -657,12 +827,13 @@ __host__ __device__ inline uint32_t k_gut_stage(uint32_t dim, int tr)
  * quantized once per CTA. Inside a unit each warp step is k_gateup4_q2_k's (rows r,
  * r + 1 of gate and up, 8 lanes a row). TR % 4 == 0 keeps a tile a multiple of 16
  * bytes for every dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
-template <int NW, int TR, int ST, int NG>
+template <int NW, int TR, int ST, int NG, bool MMA>
 __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab,
-                                                  const uint16_t *__restrict__ x, uint32_t dim,
+                                                  const uint8_t *__restrict__ ximg, uint32_t dim,
                                                   uint32_t inter, float limit, const sl_kscratch &s)
 {
     static_assert(ST % NG == 0, "stages are split evenly between the groups");
+    static_assert(!MMA || (NW == 8 && TR == 16), "mma: 2 tiles x 4 block sets = 8 warps");
     extern __shared__ int4 k_smem[];
     int8_t *aq = (int8_t *)k_smem;             /* [dim + dim/8] padded codes */
     float *ad = (float *)(aq + dim + dim / 8); /* [dim/32] */
@@ -684,51 +855,54 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab,
                                    k_bulk(dst, tab.e[e].gate + (size_t)r0 * rb, TR * rb, b);
                                    k_bulk(dst + TR * rb, tab.e[e].up + (size_t)r0 * rb, TR * rb, b);
     };
-    k_pipe_start<ST>(bar, issue);
-    k_quant_x<NG * NW, true>(x, dim, aq, ad, as);
-    __syncthreads();
+    uint64_t *xbar = bar + ST; /* the quantized x (k_quant_x_img) has landed */
+    /* mma: each group's partial sums (a float4 per lane of its 8 warps), 16 zero bytes */
+    float4 *red0 = (float4 *)(((uintptr_t)(xbar + 1) + 15) & ~(uintptr_t)15);
+    float4 *red = red0 + grp * NW * 32;
+    int8_t *zero = (int8_t *)(red0 + NG * NW * 32);
+    if (threadIdx.x == 0) k_mbar_init(xbar, 1); /* made visible by k_pipe_start's fence */
+    k_pipe_start<ST>(bar, issue);               /* ... which waits for k_quant_x_img */
+    if (threadIdx.x == 0) {
+        if (MMA) *(int4 *)zero = make_int4(0, 0, 0, 0);
+        k_mbar_expect(xbar, k_gu4_xbytes(dim));
+        k_bulk(aq, ximg, k_gu4_xbytes(dim), xbar);
+    }
+    __syncthreads(); /* the zero bytes */
+    k_mbar_wait(xbar, 0);
 
-    const int t = lane >> 3, n = lane & 7;
     for (uint32_t k = grp; blockIdx.x + k * grid < units; k += NG) {
         const uint32_t u = blockIdx.x + k * grid, e = u / tpe, r0 = (u % tpe) * TR;
         k_mbar_wait(bar + k % ST, (k / ST) & 1);
         const uint8_t *st = stage + (size_t)(k % ST) * sb;
-        for (int p = warp; p < TR / 2; p += NW) {
-            const uint8_t *row = st + (t & 1) * TR * rb + (2 * p + (t >> 1)) * rb;
-            float a[4];
-            k_dot4_q2_k(row, aq, ad, as, nb, n & 1, n >> 1, a);
-            const float v = k_comb4(a);
-            const float o = __shfl_xor_sync(~0u, v, 8); /* gate lanes get their up */
-            if ((lane & 15) == 0)
-                s.h[(size_t)tab.e[e].slot * inter + r0 + 2 * p + (lane >> 4)] =
-                    sl_emu_swiglu(v, o, tab.e[e].w, limit);
-        }
-        if (NG == 1)
-            __syncthreads();
-        else /* the group's own barrier (id 0 is __syncthreads') */
-            asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "n"(NW * 32) : "memory");
-        if (threadIdx.x == grp * NW * 32) {
+        float *h = s.h + (size_t)tab.e[e].slot * inter + r0;
+        auto stage_free = [&] {
             k_fence_proxy();
             issue(k + ST);
-        }
+        };
+        if (MMA)
+            k_gateup_mma_unit<NW>(st, rb, nb, aq, ad, as, zero, red, grp, warp, lane, tab.e[e], h,
+                                  limit, stage_free);
+        else
+            k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane, tab.e[e], h,
+                                           limit, stage_free);
     }
 }
 
-template <int NW, int TR, int ST, int NG = 1>
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
-    k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint16_t *__restrict__ x,
+    k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                       uint32_t dim, uint32_t inter, float limit,
                       const __grid_constant__ sl_kscratch s)
 {
-    k_gateup_tma_body<NW, TR, ST, NG>(tab, x, dim, inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA>(tab, ximg, dim, inter, limit, s);
 }
 
 /* The same with the table in device memory, written by the kernel before it on the
  * stream (k_route_select: the experts the device tier holds); launched for the most
  * experts a token may have, the CTAs beyond the table's units return at once. */
-template <int NW, int TR, int ST, int NG = 1>
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
-    k_gateup_tma_dev_q2_k(const sl_ktab *__restrict__ tabp, const uint16_t *__restrict__ x,
+    k_gateup_tma_dev_q2_k(const sl_ktab *__restrict__ tabp, const uint8_t *__restrict__ ximg,
                           uint32_t dim, uint32_t inter, float limit,
                           const __grid_constant__ sl_kscratch s)
 {
@@ -737,12 +911,14 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
     if (threadIdx.x == 0) tab = *tabp;
     __syncthreads();
     if (blockIdx.x >= (uint32_t)tab.n * (inter / TR)) return;
-    k_gateup_tma_body<NW, TR, ST, NG>(tab, x, dim, inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA>(tab, ximg, dim, inter, limit, s);
 }
 
-inline size_t k_gateup_tma_smem(uint32_t dim, int tr, int st)
+/* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form) */
+inline size_t k_gateup_tma_smem(uint32_t dim, int tr, int st, int ng = 0, int nw = 0)
 {
-    return k_gu4_xbytes(dim) + (size_t)st * k_gut_stage(dim, tr) + 8 * (size_t)st;
+    return k_gu4_xbytes(dim) + (size_t)st * k_gut_stage(dim, tr) + 8 * (size_t)st + 16 +
+           (ng ? (size_t)ng * nw * 32 * 16 + 16 : 0);
 }
 
 /* The four accumulators (groups 4j + s of every block, in increasing b) of lane j of
@@ -903,6 +1079,88 @@ inline uint32_t k_dpt_threads(int n, int lpr, int td, int ng)
     return (uint32_t)(ng * n * td * lpr);
 }
 
+/* Four words at a 2-byte aligned shared address (5 aligned loads, 4 funnel shifts);
+ * the aligned pointer is derived from p, so the loads stay shared-memory loads. */
+__device__ __forceinline__ void k_ld4u(const uint8_t *p, uint32_t (&w)[4])
+{
+    const uint32_t mis = (uint32_t)(uintptr_t)p & 3;
+    const uint32_t *q = (const uint32_t *)(p - mis);
+    uint32_t t[5];
+#pragma unroll
+    for (int i = 0; i < 5; i++) t[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = __funnelshift_r(t[i], t[i + 1], 8 * mis);
+}
+
+/* Lane (g, t)'s B words of half h of block b: the 16 activation codes of group g
+ * where its column is its k group (g == t: b0, g == t + 4: b1), else zero. */
+__device__ __forceinline__ void k_mma_b(const int8_t *__restrict__ aq, uint32_t b, int h, int g,
+                                        int t, int4 &v0, int4 &v1)
+{
+    const int4 *ap = (const int4 *)(aq + 256 * b + 128 * h + 16 * g);
+    const int4 z = make_int4(0, 0, 0, 0);
+    v0 = g == t ? __ldg(ap) : z;
+    v1 = g == t + 4 ? __ldg(ap) : z;
+}
+
+/* Q3_K on the tensor cores, k_mma4_q2_k's layout with two mma sets: the low bits (the
+ * qs word masked in place, low * 4^s) and the missing high bit (the inverted hmask
+ * word masked in place, (1 - hbit) * 2^(4h + s), at most 128). A code is
+ * low - 4 * (1 - hbit), so a group's sum is (Clow >> 2s) - 4 * (Cneg >> (4h + s)).
+ * One warp takes half h of every block of a 16-row tile (rows rb bytes apart, 2-byte
+ * aligned, in shared memory), so that lane (g, t) keeps sl_emu_dot_q3_k's accumulator
+ * 4h + t of rows g and g + 8: acc[row]. aq, ad: the activation's codes and scales in
+ * global memory; the next block's codes load while a block is decoded. */
+__device__ __forceinline__ void k_mma2_q3_k(const uint8_t *tile, uint32_t rb,
+                                            const int8_t *__restrict__ aq,
+                                            const float *__restrict__ ad, uint32_t nb, int h,
+                                            float (&acc)[2])
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, e = t & 1;
+    const uint32_t mlo = 0x03030303u << (2 * (t >> 1)), mhi = mlo << 4;
+    const uint32_t n0 = 0x01010101u << (4 * h + (t >> 1)), n2 = n0 << 2;
+    const int hs = 4 * h + 2 * (t >> 1); /* the high scale bits' shift */
+    const uint8_t *row0 = tile + (size_t)g * rb, *row1 = row0 + 8 * (size_t)rb;
+    acc[0] = acc[1] = 0.0f;
+    int4 v0, v1;
+    k_mma_b(aq, 0, h, g, t, v0, v1);
+    for (uint32_t b = 0; b < nb; b++) {
+        const uint32_t b0[4] = {(uint32_t)v0.x, (uint32_t)v0.y, (uint32_t)v0.z, (uint32_t)v0.w};
+        const uint32_t b1[4] = {(uint32_t)v1.x, (uint32_t)v1.y, (uint32_t)v1.z, (uint32_t)v1.w};
+        if (b + 1 < nb) k_mma_b(aq, b + 1, h, g, t, v0, v1);
+        const float d8 = __ldg(ad + 8 * b + 4 * h + t);
+        const uint8_t *k[2] = {row0 + 110 * b, row1 + 110 * b};
+        uint32_t hm[2][4], qw[2][4];
+        int cl[4] = {0, 0, 0, 0}, cn[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            k_ld4u(k[r] + 16 * e, hm[r]);
+            k_ld4u(k[r] + 32 + 32 * h + 16 * e, qw[r]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            k_mma_u8s8(cl, qw[0][i] & mlo, qw[1][i] & mlo, qw[0][i] & mhi, qw[1][i] & mhi, b0[i],
+                       b1[i]);
+            k_mma_u8s8(cn, ~hm[0][i] & n0, ~hm[1][i] & n0, ~hm[0][i] & n2, ~hm[1][i] & n2, b0[i],
+                       b1[i]);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint32_t lo = *(const unsigned short *)(k[r] + 96 + 2 * t);
+            const uint32_t hi = *(const unsigned short *)(k[r] + 104 + 2 * e);
+            int isum = 0;
+#pragma unroll
+            for (int x = 0; x < 2; x++) { /* group 8h + 2t + x */
+                const int c = (cl[2 * r + x] >> (2 * t)) - ((cn[2 * r + x] >> (4 * h + t)) << 2);
+                const int sc =
+                    (int)(((lo >> (8 * x + 4 * h)) & 15) | ((hi >> (8 * x + hs)) & 3) << 4) - 32;
+                isum += sc * c;
+            }
+            acc[r] = sl_emu_q3_k_step(acc[r], k_half(k[r] + 108), isum, d8);
+        }
+    }
+}
+
 /* The two accumulators (groups g = 4j + q and g + 2 of every block, in increasing b)
  * of lane sub = 2j + q of one Q3_K row (4 lanes a row; row 2-byte aligned in shared
  * memory; the activation read through L1). The two groups share their qs, hmask and
@@ -949,7 +1207,7 @@ __device__ __forceinline__ float k_comb22(float (&a)[2])
  * k_dot2_q3_k), a group of n*TD*LPR threads (warp-aligned: TD*LPR % 32 == 0), the
  * bf16-rounded outputs meet in shared memory and TD threads of the group add them in
  * table order (increasing expert id), then `extra`. blockDim = NG*n*TD*LPR. */
-template <int LPR, int TD, int ST, int NG>
+template <int LPR, int TD, int ST, int NG, bool MMA = false>
 __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
     k_down_pt_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
                    const float *__restrict__ hd, uint32_t dim, uint32_t inter,
@@ -958,6 +1216,9 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
 {
     static_assert(ST % NG == 0, "a stage always serves the same group");
     static_assert(TD * LPR % 32 == 0, "an expert's rows fill whole warps");
+    static_assert(!MMA || (TD == 16 && LPR == 4 && NG == 1),
+                  "mma: two warps (halves h) an expert's 16 rows");
+    __shared__ float2 red[MMA ? SL_GPU_MAX_USED : 1][32]; /* mma: the h = 1 warps' sums */
     extern __shared__ int4 k_smem[];
     __shared__ float ys[NG][2][SL_GPU_MAX_USED][TD];
     __shared__ uint64_t bar[ST];
@@ -991,16 +1252,36 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
         const uint32_t off = (uint32_t)(((size_t)t * TD * rb) & 15);
         k_mbar_wait(bar + k % ST, (k / ST) & 1);
         const uint8_t *row = stage + (size_t)(k % ST) * n * cap + (size_t)e * cap + off + r * rb;
-        float a;
-        if (LPR == 8) {
-            a = k_butterfly(k_dot_q3_k(row, aq, adp, nb, sub), 4);
-        } else {
-            float acc[2];
-            k_dot2_q3_k(row, aq, adp, nb, sub, acc);
-            a = k_comb22(acc);
-        }
         float(*y)[TD] = ys[grp][(k / NG) & 1]; /* rewritten 2 tiles later, after a barrier */
-        if (sub == 0) y[e][r] = sl_emu_bf16_round(a);
+        if (MMA) { /* warps 2e + h: the expert's 16 rows, half h of every block */
+            const int hh = (in >> 5) & 1, ln = in & 31;
+            float acc[2];
+            k_mma2_q3_k(row - r * rb, rb, aq, adp, nb, hh, acc);
+            if (hh) red[e][ln] = make_float2(acc[0], acc[1]);
+            __syncthreads();
+            if (!hh) { /* sl_emu_dot_q3_k's butterfly: xor 4 is h, xor 2 and 1 are t's bits */
+                float v[2] = {sl_emu_add(acc[0], red[e][ln].x), sl_emu_add(acc[1], red[e][ln].y)};
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    v[q] = sl_emu_add(v[q], __shfl_xor_sync(~0u, v[q], 2));
+                    v[q] = sl_emu_add(v[q], __shfl_xor_sync(~0u, v[q], 1));
+                }
+                if ((ln & 3) == 0) { /* lane 4g: rows g and g + 8 */
+                    y[e][ln >> 2] = sl_emu_bf16_round(v[0]);
+                    y[e][(ln >> 2) + 8] = sl_emu_bf16_round(v[1]);
+                }
+            }
+        } else {
+            float a;
+            if (LPR == 8) {
+                a = k_butterfly(k_dot_q3_k(row, aq, adp, nb, sub), 4);
+            } else {
+                float acc[2];
+                k_dot2_q3_k(row, aq, adp, nb, sub, acc);
+                a = k_comb22(acc);
+            }
+            if (sub == 0) y[e][r] = sl_emu_bf16_round(a);
+        }
         if (NG == 1)
             __syncthreads();
         else /* the group's own barrier (id 0 is __syncthreads') */

@@ -123,7 +123,17 @@ extern "C" int mb_ptr_kind(const void *p, int n)
     return (int)a.type;
 }
 
-enum { G_RUN4, G_4P, G_T8_16_3, G_T8_16_4, G_T8x2_16_4, G_T4x4_8_8, G_T8x3_16_3 };
+enum {
+    G_RUN4,
+    G_4P,
+    G_T8_16_3,
+    G_T8_16_4,
+    G_T8x2_16_4,
+    G_T4x4_8_8,
+    G_T8x3_16_3,
+    G_M8x2_16_4,
+    G_M8_16_4
+};
 enum {
     D_RUN4,
     D_T2_8,
@@ -139,7 +149,8 @@ enum {
     D_P4_8_4_2,
     D_P8_4_1_1,
     D_P4_8_2_2,
-    D_P4_8_1_1
+    D_P4_8_1_1,
+    D_M2_16_1_1
 };
 
 struct variant {
@@ -152,6 +163,10 @@ static const variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
     {"gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST1, one tile a CTA, PDL (compute, device weights)",
      G_T8x2_16_4, D_P4_8_1_1, true},
+    {"mma gt 2x NW8 TR16 ST4 + mma dp TD16 ST1, PDL", G_M8x2_16_4, D_M2_16_1_1, true},
+    {"gt 2x NW8 TR16 ST4 + mma dp TD16 ST1, PDL", G_T8x2_16_4, D_M2_16_1_1, true},
+    {"mma gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST1, PDL", G_M8x2_16_4, D_P4_8_1_1, true},
+    {"mma gt 1x NW8 TR16 ST4 + dp LPR4 TD8 ST1, PDL", G_M8_16_4, D_P4_8_1_1, true},
     {"gt 2x NW8 TR16 ST4 + dt LPR8 TD8, PDL (run 6)", G_T8x2_16_4, D_T8_8, true},
     {"gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST2 1x, PDL", G_T8x2_16_4, D_P4_8_2_1, true},
     {"gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST2 2x, PDL", G_T8x2_16_4, D_P4_8_2_2, true},
@@ -175,29 +190,37 @@ extern "C" const char *mb_variant_name(int v)
     return variants[v].name;
 }
 
-template <int NW, int TR, int ST, int NG = 1>
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false>
 static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
-    const size_t smem = k_gateup_tma_smem(io->dim, TR, ST);
+    const size_t smem = k_gateup_tma_smem(io->dim, TR, ST, MMA ? NG : 0, NW);
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
         cudaError_t rc =
-            cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG>,
+            cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess)
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG>, NG * NW * 32, smem);
+                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG, MMA>, NG * NW * 32, smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
-        printf("  [gate/up tma %dx NW %d TR %d ST %d: %d CTAs/SM, smem %zu]\n", NG, NW, TR, ST, occ,
-               smem);
+        printf("  [gate/up tma%s %dx NW %d TR %d ST %d: %d CTAs/SM, smem %zu]\n", MMA ? " mma" : "",
+               NG, NW, TR, ST, occ, smem);
     }
+    static uint8_t *img = NULL; /* bench only: x quantized (k_quant_x_img), never freed */
+    if (!img) {
+        cudaError_t rc = cudaMalloc((void **)&img, k_gu4_xbytes(io->dim));
+        if (rc != cudaSuccess) return rc;
+    }
+    cudaError_t rc =
+        k_launch(k_quant_x_img, (io->dim / 32 + 7) / 8, 256, 0, 0, pdl, io->x, io->dim, img);
+    if (rc != cudaSuccess) return rc;
     const uint32_t units = (uint32_t)tab.n * io->inter / TR;
     uint32_t grid = (uint32_t)(occ * n_sm);
     if (grid > units) grid = units;
-    cudaError_t rc = k_launch(k_gateup_tma_q2_k<NW, TR, ST, NG>, grid, NG * NW * 32, smem, 0, pdl,
-                              tab, io->x, io->dim, io->inter, 10.0f, s);
+    rc = k_launch(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA>, grid, NG * NW * 32, smem, 0, pdl, tab,
+                  (const uint8_t *)img, io->dim, io->inter, 10.0f, s);
     if (rc != cudaSuccess) return rc;
     const uint32_t groups = (uint32_t)tab.n * io->inter / 32;
     return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, 0, pdl, s, groups, groups, ~0u);
@@ -226,7 +249,7 @@ static cudaError_t dt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
 }
 
 /* The persistent down: as many CTAs as fit (ST 1: one CTA per tile). */
-template <int LPR, int TD, int ST, int NG>
+template <int LPR, int TD, int ST, int NG, bool MMA = false>
 static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
@@ -235,20 +258,20 @@ static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
         cudaError_t rc =
-            cudaFuncSetAttribute(k_down_pt_q3_k<LPR, TD, ST, NG>,
+            cudaFuncSetAttribute(k_down_pt_q3_k<LPR, TD, ST, NG, MMA>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess)
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &occ, k_down_pt_q3_k<LPR, TD, ST, NG>, threads, smem);
+                &occ, k_down_pt_q3_k<LPR, TD, ST, NG, MMA>, threads, smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
-        printf("  [down pt LPR %d TD %d ST %d NG %d: %d CTAs/SM, %u threads, smem %zu]\n", LPR, TD,
-               ST, NG, occ, threads, smem);
+        printf("  [down pt%s LPR %d TD %d ST %d NG %d: %d CTAs/SM, %u threads, smem %zu]\n",
+               MMA ? " mma" : "", LPR, TD, ST, NG, occ, threads, smem);
     }
     const uint32_t tiles = io->dim / TD;
     uint32_t grid = ST == 1 ? tiles : (uint32_t)(occ * n_sm);
     if (grid > tiles) grid = tiles;
-    return k_launch(k_down_pt_q3_k<LPR, TD, ST, NG>, grid, threads, smem, 0, pdl, tab,
+    return k_launch(k_down_pt_q3_k<LPR, TD, ST, NG, MMA>, grid, threads, smem, 0, pdl, tab,
                     (const int8_t *)s.hq, (const float *)s.hd, io->dim, io->inter,
                     (const float *)NULL, io->out_f32, io->out, (float *)NULL);
 }
@@ -352,6 +375,12 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         case G_T4x4_8_8:
             rc = gt_launch<4, 8, 8, 4>(io, tab, s, n_sm, V.pdl);
             break;
+        case G_M8x2_16_4:
+            rc = gt_launch<8, 16, 4, 2, true>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_M8_16_4:
+            rc = gt_launch<8, 16, 4, 1, true>(io, tab, s, n_sm, V.pdl);
+            break;
         case G_T8x3_16_3:
             rc = gt_launch<8, 16, 3, 3>(io, tab, s, n_sm, V.pdl);
             break;
@@ -389,6 +418,8 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         return dp_launch<4, 8, 2, 2>(io, tab, s, n_sm, V.pdl);
     case D_P4_8_1_1:
         return dp_launch<4, 8, 1, 1>(io, tab, s, n_sm, V.pdl);
+    case D_M2_16_1_1:
+        return dp_launch<4, 16, 1, 1, true>(io, tab, s, n_sm, V.pdl);
     default:
         return dn2_launch<1>(io, tab, s);
     }
