@@ -84,7 +84,7 @@ struct sl_gpu_ctx {
     sl_kroute *kroute, *kroute_dev;    /* the picks for the host: pinned, mapped */
     sl_moe_route *forced, *forced_dev; /* a synthetic routing: pinned, mapped */
     sl_ktab *tab_dev;                  /* the device tier's picks, for gate/up */
-    cudaEvent_t ev_picks;              /* kroute is complete */
+    cudaEvent_t ev_picks;              /* route_start's work is done (the spin's watchdog) */
     int route_pending;                 /* sl_gpu_route_start without its wait yet */
     uint32_t route_seq;                /* the number of the last routing queued */
     const uint16_t *route_x;           /* x of the pending routing */
@@ -653,18 +653,19 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
     CK(launch_router(c, x, w, c->logits_dev), "k_router_pf");
     const int with_sh = t0 && c->sh_state == SH_MERGE && c->sh_x == x;
     CK(launch_select(c, bias, t0, forced ? c->forced_dev : NULL, with_sh), "k_route_select");
-    CK(cudaEventRecord(c->ev_picks, c->main), "cudaEventRecord(picks)");
     if (with_sh) c->sh_state = SH_MERGED;
-    if (t0) {
+    if (t0) { /* right after the selection (PDL): the shared expert's rows load meanwhile */
         const uint32_t units = (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR);
         uint32_t grid = (uint32_t)(c->gt_occ * c->n_sm);
         if (grid > units) grid = units;
         CK(k_launch(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, GT_MMA>, grid,
                     GT_NG * GT_NW * 32, gt_smem(s->dim), c->main, USE_PDL,
                     (const sl_ktab *)c->tab_dev, (const uint8_t *)c->ximg[0], s->dim, s->inter,
-                    s->swiglu_limit, c->rs),
+                    s->swiglu_limit, c->rs, c->sh, with_sh),
            "k_gateup_tma_dev_q2_k");
     }
+    /* the watchdog of sl_gpu_route_wait's spin (after the gate/up, not between) */
+    CK(cudaEventRecord(c->ev_picks, c->main), "cudaEventRecord(picks)");
     c->route_pending = 1;
     c->route_x = x;
     return 0;

@@ -447,6 +447,7 @@ __device__ __forceinline__ void k_dot4_q2_k(const uint8_t *row, const int8_t *aq
 {
 #pragma unroll
     for (int s = 0; s < 4; s++) acc[s] = 0.0f;
+#pragma unroll 2 /* two blocks' loads and integer work overlap */
     for (uint32_t b = m; b < nb; b += 4) {
         const uint8_t *blk = row + 84 * b;
         const uint32_t *qw = (const uint32_t *)(blk + 16 + 32 * j);
@@ -827,10 +828,11 @@ __device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t r
  * quantized once per CTA. Inside a unit each warp step is k_gateup4_q2_k's (rows r,
  * r + 1 of gate and up, 8 lanes a row). TR % 4 == 0 keeps a tile a multiple of 16
  * bytes for every dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
-template <int NW, int TR, int ST, int NG, bool MMA>
-__device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab,
-                                                  const uint8_t *__restrict__ ximg, uint32_t dim,
-                                                  uint32_t inter, float limit, const sl_kscratch &s)
+template <int NW, int TR, int ST, int NG, bool MMA, bool DEV>
+__device__ __forceinline__ void
+k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict__ tabp,
+                  const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg, uint32_t dim,
+                  uint32_t inter, float limit, const sl_kscratch &s)
 {
     static_assert(ST % NG == 0, "stages are split evenly between the groups");
     static_assert(!MMA || (NW == 8 && TR == 16), "mma: 2 tiles x 4 block sets = 8 warps");
@@ -841,27 +843,55 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab,
     uint8_t *stage = (uint8_t *)k_smem + k_gu4_xbytes(dim);
     const uint32_t rb = dim / 256 * 84, nb = dim / 256, sb = k_gut_stage(dim, TR);
     uint64_t *bar = (uint64_t *)(stage + (size_t)ST * sb);
-    const uint32_t tpe = inter / TR, units = (uint32_t)tab.n * tpe, grid = gridDim.x;
+    const uint32_t tpe = inter / TR, grid = gridDim.x;
     const int lane = threadIdx.x & 31, grp = threadIdx.x / (NW * 32),
               warp = (threadIdx.x >> 5) % NW;
+    uint32_t units = 0, rot = 0; /* unit u: rows (u % tpe) * TR of entry (u / tpe + rot) % n */
 
+    /* queues rows r0.. of expert x into stage k % ST */
+    auto issue_rows = [&](uint32_t k, const sl_kexp &x, uint32_t r0) {
+        uint8_t *dst = stage + (size_t)(k % ST) * sb;
+        uint64_t *b = bar + k % ST;
+        k_mbar_expect(b, sb);
+        k_bulk(dst, x.gate + (size_t)r0 * rb, TR * rb, b);
+        k_bulk(dst + TR * rb, x.up + (size_t)r0 * rb, TR * rb, b);
+    };
     auto issue = [&](uint32_t k) { /* the CTA's k-th unit into stage k % ST */
                                    const uint32_t u = blockIdx.x + k * grid;
                                    if (u >= units) return;
-                                   const uint32_t e = u / tpe, r0 = (u % tpe) * TR;
-                                   uint8_t *dst = stage + (size_t)(k % ST) * sb;
-                                   uint64_t *b = bar + k % ST;
-                                   k_mbar_expect(b, sb);
-                                   k_bulk(dst, tab.e[e].gate + (size_t)r0 * rb, TR * rb, b);
-                                   k_bulk(dst + TR * rb, tab.e[e].up + (size_t)r0 * rb, TR * rb, b);
+                                   issue_rows(k, tab.e[(u / tpe + rot) % tab.n], (u % tpe) * TR);
     };
     uint64_t *xbar = bar + ST; /* the quantized x (k_quant_x_img) has landed */
     /* mma: each group's partial sums (a float4 per lane of its 8 warps), 16 zero bytes */
     float4 *red0 = (float4 *)(((uintptr_t)(xbar + 1) + 15) & ~(uintptr_t)15);
     float4 *red = red0 + grp * NW * 32;
     int8_t *zero = (int8_t *)(red0 + NG * NW * 32);
-    if (threadIdx.x == 0) k_mbar_init(xbar, 1); /* made visible by k_pipe_start's fence */
-    k_pipe_start<ST>(bar, issue);               /* ... which waits for k_quant_x_img */
+    if (!DEV) {
+        units = (uint32_t)tab.n * tpe;
+        if (threadIdx.x == 0) k_mbar_init(xbar, 1); /* made visible by k_pipe_start's fence */
+        k_pipe_start<ST>(bar, issue);               /* ... which waits for k_quant_x_img */
+    } else {
+        /* The table comes from the kernel before (k_route_select). The shared expert,
+         * known at launch, takes the first units when sh_first, so its first stages
+         * load while the selection runs. */
+        uint32_t early = 0;
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < ST; i++) k_mbar_init(bar + i, 1);
+            k_mbar_init(xbar, 1);
+            k_mbar_fence_init();
+            for (; sh_first && early < ST && blockIdx.x + early * grid < tpe; early++)
+                issue_rows(early, sh, (blockIdx.x + early * grid) * TR);
+        }
+        k_pdl_wait();
+        k_pdl_go();
+        if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
+        __syncthreads();
+        units = (uint32_t)tab.n * tpe;
+        rot = sh_first ? (uint32_t)tab.n - 1 : 0;
+        if (blockIdx.x >= units) return; /* nothing was queued (early units are < units) */
+        if (threadIdx.x == 0)
+            for (uint32_t k = early; k < ST; k++) issue(k);
+    }
     if (threadIdx.x == 0) {
         if (MMA) *(int4 *)zero = make_int4(0, 0, 0, 0);
         k_mbar_expect(xbar, k_gu4_xbytes(dim));
@@ -871,20 +901,21 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab,
     k_mbar_wait(xbar, 0);
 
     for (uint32_t k = grp; blockIdx.x + k * grid < units; k += NG) {
-        const uint32_t u = blockIdx.x + k * grid, e = u / tpe, r0 = (u % tpe) * TR;
+        const uint32_t u = blockIdx.x + k * grid, r0 = (u % tpe) * TR;
+        const sl_kexp &ex = tab.e[(u / tpe + rot) % tab.n];
         k_mbar_wait(bar + k % ST, (k / ST) & 1);
         const uint8_t *st = stage + (size_t)(k % ST) * sb;
-        float *h = s.h + (size_t)tab.e[e].slot * inter + r0;
+        float *h = s.h + (size_t)ex.slot * inter + r0;
         auto stage_free = [&] {
             k_fence_proxy();
             issue(k + ST);
         };
         if (MMA)
-            k_gateup_mma_unit<NW>(st, rb, nb, aq, ad, as, zero, red, grp, warp, lane, tab.e[e], h,
-                                  limit, stage_free);
+            k_gateup_mma_unit<NW>(st, rb, nb, aq, ad, as, zero, red, grp, warp, lane, ex, h, limit,
+                                  stage_free);
         else
-            k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane, tab.e[e], h,
-                                           limit, stage_free);
+            k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane, ex, h, limit,
+                                           stage_free);
     }
 }
 
@@ -894,24 +925,24 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
                       uint32_t dim, uint32_t inter, float limit,
                       const __grid_constant__ sl_kscratch s)
 {
-    k_gateup_tma_body<NW, TR, ST, NG, MMA>(tab, ximg, dim, inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, false>(tab, NULL, NULL, tab.e[0], 0, ximg, dim, inter,
+                                                  limit, s);
 }
 
 /* The same with the table in device memory, written by the kernel before it on the
- * stream (k_route_select: the experts the device tier holds); launched for the most
- * experts a token may have, the CTAs beyond the table's units return at once. */
+ * stream (k_route_select: the experts the device tier holds, then the shared expert sh
+ * when sh_first, whose units then come first); launched for the most experts a token
+ * may have, the CTAs beyond the table's units return at once. */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_dev_q2_k(const sl_ktab *__restrict__ tabp, const uint8_t *__restrict__ ximg,
                           uint32_t dim, uint32_t inter, float limit,
-                          const __grid_constant__ sl_kscratch s)
+                          const __grid_constant__ sl_kscratch s, const __grid_constant__ sl_kexp sh,
+                          int sh_first)
 {
     __shared__ sl_ktab tab;
-    k_pdl_wait();
-    if (threadIdx.x == 0) tab = *tabp;
-    __syncthreads();
-    if (blockIdx.x >= (uint32_t)tab.n * (inter / TR)) return;
-    k_gateup_tma_body<NW, TR, ST, NG, MMA>(tab, ximg, dim, inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, true>(tab, &tab, tabp, sh, sh_first, ximg, dim, inter,
+                                                 limit, s);
 }
 
 /* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form) */
@@ -1173,6 +1204,7 @@ __device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__
     const int j = sub >> 1, q = sub & 1;
     acc[0] = 0.0f;
     acc[1] = 0.0f;
+#pragma unroll 3 /* three blocks' loads and integer work overlap */
     for (uint32_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + 110 * b;
         uint32_t hm[8], qw[8], sw[3];

@@ -282,6 +282,49 @@ int main(int argc, char **argv)
     }
     say("\n(ggml-cuda MUL_MAT_ID, same token: 127 us, 606 GB/s.)\n\n");
 
+    /* the compute variant over 1..6 experts a launch: the slope is the steady cost of one
+     * expert, the intercept what a launch costs besides (start, first bytes, tail) */
+    {
+        const int n8 = np / 8;
+        mb_set *s8 = calloc(n8, sizeof *s8);
+        for (int k = 0; k < n8; k++)
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *p = dev[k * 8 + j];
+                s8[k].gate[j] = p;
+                s8[k].up[j] = p + bg;
+                s8[k].down[j] = p + 2 * bg;
+                s8[k].w[j] = 0.25f;
+            }
+        say("Experts a launch, compute's kernels (variant 1), us:\n\n| experts | gate/up | down "
+            "|\n|---|---|---|\n");
+        double sx = 0, sy[2] = {0, 0}, sxx = 0, sxy[2] = {0, 0};
+        for (uint32_t n = 1; n <= NUSED; n++) {
+            mb_io in = io;
+            in.n = n;
+            double tn[2];
+            for (int w = 0; w < 2; w++)
+                if (mb_variant_time(1, &in, s8, n8, o.iters, w + 1, &tn[w], msg)) DIE("%s", msg);
+            say("| %u | %.1f | %.1f |\n", n, tn[0], tn[1]);
+            if (n >= 2) {
+                sx += n;
+                sxx += (double)n * n;
+                for (int w = 0; w < 2; w++) {
+                    sy[w] += tn[w];
+                    sxy[w] += n * tn[w];
+                }
+            }
+        }
+        const double m = NUSED - 1, den = m * sxx - sx * sx;
+        for (int w = 0; w < 2; w++) {
+            const double slope = (m * sxy[w] - sx * sy[w]) / den, icpt = (sy[w] - slope * sx) / m;
+            const double eb = w ? (double)bd : 2.0 * bg;
+            say("%s%s: %.2f us an expert (%.0f GB/s), %.1f us a launch besides (fit over 2..6)",
+                w ? "; " : "\n", w ? "down" : "gate/up", slope, eb / slope / 1e3, icpt);
+        }
+        say("\n\n");
+        free(s8);
+    }
+
     /* zero-copy: 12 experts in a registered POSIX shm mapping */
     {
         const int nz = 12;
