@@ -219,7 +219,7 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
         /* persistent (ST > 1): as many CTAs as fit; else one per tile */
         uint32_t grid = DP_ST == 1 ? dim / DP_TD : (uint32_t)(c->dt_occ[tab.n] * c->n_sm);
         if (grid > dim / DP_TD) grid = dim / DP_TD;
-        return k_launch(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, DP_MMA>, grid,
+        return k_launch(k_down_kern<DP_LPR, DP_TD, DP_ST, DP_NG, DP_MMA>::fn, grid,
                         k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
                         k_dpt_smem(tab.n, inter, DP_TD, DP_ST), st, pdl, tab, (const int8_t *)s.hq,
                         (const float *)s.hd, dim, inter, extra, out_f32, out, part);
@@ -299,7 +299,7 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
     const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST);
     if (dt_smem + 1024 <= (size_t)optin) {           /* + its static arrays */
         for (int n = 1; n <= SL_GPU_MAX_USED; n++) { /* the last sets the largest limit */
-            rc = prep_kernel(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, DP_MMA>,
+            rc = prep_kernel(k_down_kern<DP_LPR, DP_TD, DP_ST, DP_NG, DP_MMA>::fn,
                              (int)k_dpt_threads(n, DP_LPR, DP_TD, DP_NG),
                              k_dpt_smem(n, inter, DP_TD, DP_ST), &c->dt_occ[n], "k_down_pt_q3_k",
                              err);

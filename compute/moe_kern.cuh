@@ -447,7 +447,6 @@ __device__ __forceinline__ void k_dot4_q2_k(const uint8_t *row, const int8_t *aq
 {
 #pragma unroll
     for (int s = 0; s < 4; s++) acc[s] = 0.0f;
-#pragma unroll 2 /* two blocks' loads and integer work overlap */
     for (uint32_t b = m; b < nb; b += 4) {
         const uint8_t *blk = row + 84 * b;
         const uint32_t *qw = (const uint32_t *)(blk + 16 + 32 * j);
@@ -1204,7 +1203,6 @@ __device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__
     const int j = sub >> 1, q = sub & 1;
     acc[0] = 0.0f;
     acc[1] = 0.0f;
-#pragma unroll 3 /* three blocks' loads and integer work overlap */
     for (uint32_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + 110 * b;
         uint32_t hm[8], qw[8], sw[3];
@@ -1239,12 +1237,12 @@ __device__ __forceinline__ float k_comb22(float (&a)[2])
  * k_dot2_q3_k), a group of n*TD*LPR threads (warp-aligned: TD*LPR % 32 == 0), the
  * bf16-rounded outputs meet in shared memory and TD threads of the group add them in
  * table order (increasing expert id), then `extra`. blockDim = NG*n*TD*LPR. */
-template <int LPR, int TD, int ST, int NG, bool MMA = false>
-__global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
-    k_down_pt_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
-                   const float *__restrict__ hd, uint32_t dim, uint32_t inter,
-                   const float *__restrict__ extra, float *__restrict__ out_f32,
-                   uint16_t *__restrict__ out_bf16, float *__restrict__ part = nullptr)
+template <int LPR, int TD, int ST, int NG, bool MMA>
+__device__ __forceinline__ void
+k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *__restrict__ hd,
+               uint32_t dim, uint32_t inter, const float *__restrict__ extra,
+               float *__restrict__ out_f32, uint16_t *__restrict__ out_bf16,
+               float *__restrict__ part)
 {
     static_assert(ST % NG == 0, "a stage always serves the same group");
     static_assert(TD * LPR % 32 == 0, "an expert's rows fill whole warps");
@@ -1253,7 +1251,7 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
     __shared__ float2 red[MMA ? SL_GPU_MAX_USED : 1][32]; /* mma: the h = 1 warps' sums */
     extern __shared__ int4 k_smem[];
     __shared__ float ys[NG][2][SL_GPU_MAX_USED][TD];
-    __shared__ uint64_t bar[ST];
+    __shared__ uint64_t bar[ST][SL_GPU_MAX_USED]; /* one an expert: its warps start as it lands */
     const uint32_t rb = inter / 256 * 110, nb = inter / 256, cap = k_dpt_cap(inter, TD);
     const uint32_t tiles = dim / TD, grid = gridDim.x;
     const int n = tab.n, gsz = n * TD * LPR;
@@ -1268,13 +1266,21 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
                                    const uint32_t off = (uint32_t)(at & 15);
                                    const uint32_t bytes = (off + TD * rb + 15) / 16 * 16;
                                    uint8_t *dst = stage + (size_t)(k % ST) * n * cap;
-                                   uint64_t *b = bar + k % ST;
-                                   k_mbar_expect(b, (uint32_t)n * bytes);
-                                   for (int x = 0; x < n; x++)
+                                   for (int x = 0; x < n; x++) {
+                                       uint64_t *b = &bar[k % ST][x];
+                                       k_mbar_expect(b, bytes);
                                        k_bulk(dst + (size_t)x * cap, tab.e[x].down + at - off,
                                               bytes, b);
+                                   }
     };
-    k_pipe_start<ST>(bar, issue);
+    if (threadIdx.x == 0) { /* k_pipe_start with n barriers a stage */
+        for (int i = 0; i < ST; i++)
+            for (int x = 0; x < n; x++) k_mbar_init(&bar[i][x], 1);
+        k_mbar_fence_init();
+        for (int i = 0; i < ST; i++) issue((uint32_t)i);
+    }
+    k_pdl_wait();
+    k_pdl_go();
     __syncthreads();                          /* the barriers are initialised */
     const int hs = e < n ? tab.e[e].slot : 0; /* the expert's row of h */
     const int8_t *aq = hq + (size_t)hs * inter;
@@ -1282,7 +1288,7 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
     for (uint32_t k = grp; blockIdx.x + k * grid < tiles; k += NG) {
         const uint32_t t = blockIdx.x + k * grid;
         const uint32_t off = (uint32_t)(((size_t)t * TD * rb) & 15);
-        k_mbar_wait(bar + k % ST, (k / ST) & 1);
+        k_mbar_wait(&bar[k % ST][e], (k / ST) & 1);
         const uint8_t *row = stage + (size_t)(k % ST) * n * cap + (size_t)e * cap + off + r * rb;
         float(*y)[TD] = ys[grp][(k / NG) & 1]; /* rewritten 2 tiles later, after a barrier */
         if (MMA) { /* warps 2e + h: the expert's 16 rows, half h of every block */
@@ -1336,6 +1342,35 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
         }
     }
 }
+
+template <int LPR, int TD, int ST, int NG>
+__global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
+    k_down_pt_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
+                   const float *__restrict__ hd, uint32_t dim, uint32_t inter,
+                   const float *__restrict__ extra, float *__restrict__ out_f32,
+                   uint16_t *__restrict__ out_bf16, float *__restrict__ part = nullptr)
+{
+    k_down_pt_body<LPR, TD, ST, NG, false>(tab, hq, hd, dim, inter, extra, out_f32, out_bf16, part);
+}
+
+/* The mma form (LPR 4, TD 16): 64 registers, so that 2 CTAs fit an SM. */
+template <int LPR, int TD, int ST, int NG>
+__global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR, 2)
+    k_down_mma_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
+                    const float *__restrict__ hd, uint32_t dim, uint32_t inter,
+                    const float *__restrict__ extra, float *__restrict__ out_f32,
+                    uint16_t *__restrict__ out_bf16, float *__restrict__ part = nullptr)
+{
+    k_down_pt_body<LPR, TD, ST, NG, true>(tab, hq, hd, dim, inter, extra, out_f32, out_bf16, part);
+}
+
+/* The bulk-copy down kernel of a configuration (mma or dp4a). */
+template <int LPR, int TD, int ST, int NG, bool MMA> struct k_down_kern {
+    static constexpr auto fn = &k_down_pt_q3_k<LPR, TD, ST, NG>;
+};
+template <int LPR, int TD, int ST, int NG> struct k_down_kern<LPR, TD, ST, NG, true> {
+    static constexpr auto fn = &k_down_mma_q3_k<LPR, TD, ST, NG>;
+};
 
 /* The combine of k_down_pt_q3_k for experts whose rows were written apart (part):
  * y = 0 + part[0][o] + ... + part[n-1][o] (slot order, i.e. increasing expert id, then

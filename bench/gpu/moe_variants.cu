@@ -258,11 +258,11 @@ static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
         cudaError_t rc =
-            cudaFuncSetAttribute(k_down_pt_q3_k<LPR, TD, ST, NG, MMA>,
+            cudaFuncSetAttribute(k_down_kern<LPR, TD, ST, NG, MMA>::fn,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess)
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &occ, k_down_pt_q3_k<LPR, TD, ST, NG, MMA>, threads, smem);
+                &occ, k_down_kern<LPR, TD, ST, NG, MMA>::fn, threads, smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
         printf("  [down pt%s LPR %d TD %d ST %d NG %d: %d CTAs/SM, %u threads, smem %zu]\n",
@@ -271,7 +271,7 @@ static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     const uint32_t tiles = io->dim / TD;
     uint32_t grid = ST == 1 ? tiles : (uint32_t)(occ * n_sm);
     if (grid > tiles) grid = tiles;
-    return k_launch(k_down_pt_q3_k<LPR, TD, ST, NG, MMA>, grid, threads, smem, 0, pdl, tab,
+    return k_launch(k_down_kern<LPR, TD, ST, NG, MMA>::fn, grid, threads, smem, 0, pdl, tab,
                     (const int8_t *)s.hq, (const float *)s.hd, io->dim, io->inter,
                     (const float *)NULL, io->out_f32, io->out, (float *)NULL);
 }
