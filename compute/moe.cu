@@ -237,16 +237,21 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
 
 /* Router logits of x into logits (device-visible): the prefetching kernel, which
  * overlaps its weight loads with the kernel before it, where its registers hold a row
- * share. */
+ * share. With ximg, x is also quantized there for the bulk-copy gate/up. */
 static cudaError_t launch_router(const sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w,
-                                 float *logits)
+                                 float *logits, uint8_t *ximg)
 {
     const sl_moe_shape *s = &c->shape;
     const uint32_t grid = (s->n_expert + BF_NW - 1) / BF_NW;
     const size_t smem = sizeof(float) * s->dim;
     if (s->dim <= 256 * RT_C)
         return k_launch(k_router_pf<RT_NW, RT_C>, (s->n_expert + RT_NW - 1) / RT_NW, RT_NW * 32,
-                        smem, c->main, USE_PDL, w, x, s->n_expert, s->dim, s->gate_temp, logits);
+                        smem, c->main, USE_PDL, w, x, s->n_expert, s->dim, s->gate_temp, logits,
+                        ximg);
+    if (ximg) {
+        const cudaError_t rc = launch_quant_img(c, x, ximg, c->main, USE_PDL);
+        if (rc != cudaSuccess) return rc;
+    }
     k_router<BF_NW>
         <<<grid, BF_NW * 32, smem, c->main>>>(w, x, s->n_expert, s->dim, s->gate_temp, logits);
     return cudaGetLastError();
@@ -560,7 +565,7 @@ extern "C" int sl_gpu_router_start(sl_gpu_ctx *c, const uint16_t *x, const uint1
         return SL_EINVAL;
     /* The kernel writes the logits straight into pinned host memory (mapped): no copy
      * to queue and wait for; the event after it says they have all landed. */
-    CK(launch_router(c, x, w, c->logits_host_dev), "k_router");
+    CK(launch_router(c, x, w, c->logits_host_dev, NULL), "k_router");
     CK(cudaEventRecord(c->ev_logits, c->main), "cudaEventRecord(logits)");
     c->router_pending = 1;
     return 0;
@@ -649,8 +654,7 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
     }
     if (!c->gtd_ok) t0 = NULL; /* the device tier's kernel does not fit: the host queues all */
     CK(join_copies(c), "wait for the copies");
-    if (t0) CK(launch_quant_img(c, x, c->ximg[0], c->main, USE_PDL), "k_quant_x_img");
-    CK(launch_router(c, x, w, c->logits_dev), "k_router_pf");
+    CK(launch_router(c, x, w, c->logits_dev, t0 ? c->ximg[0] : NULL), "k_router_pf");
     const int with_sh = t0 && c->sh_state == SH_MERGE && c->sh_x == x;
     CK(launch_select(c, bias, t0, forced ? c->forced_dev : NULL, with_sh), "k_route_select");
     if (with_sh) c->sh_state = SH_MERGED;

@@ -1628,11 +1628,12 @@ __global__ void __launch_bounds__(NW * 32)
 /* Router logits as k_router (the same lanes and order), one warp per expert, each
  * lane holding its whole row share in registers (C 16-byte chunks, dim <= 256 C):
  * the weight loads are issued before the wait for the previous kernel (PDL), so they
- * overlap the norm that produces x. */
+ * overlap the norm that produces x. With ximg, the grid also quantizes x for the
+ * bulk-copy gate/up (k_quant_x_img's bytes). */
 template <int NW, int C>
 __global__ void __launch_bounds__(NW * 32)
     k_router_pf(const uint16_t *__restrict__ w, const uint16_t *__restrict__ x, uint32_t n_expert,
-                uint32_t dim, float temp, float *__restrict__ logits)
+                uint32_t dim, float temp, float *__restrict__ logits, uint8_t *__restrict__ ximg)
 {
     extern __shared__ int4 k_smem[];
     float *xf = (float *)k_smem;
@@ -1662,6 +1663,13 @@ __global__ void __launch_bounds__(NW * 32)
         *(float4 *)(xf + 8 * i + 4) = hi;
     }
     __syncthreads();
+    if (ximg) { /* k_quant_x_img's work, a block of 32 a warp, over the grid */
+        int8_t *aq = (int8_t *)ximg;
+        float *ad = (float *)(aq + dim + dim / 8);
+        int *as = (int *)(ad + dim / 32);
+        for (uint32_t b = blockIdx.x * NW + warp; b < dim / 32; b += gridDim.x * NW)
+            k_quant_block<true>(xf[32 * b + lane], b, lane, aq, ad, as);
+    }
     if (e >= n_expert) return;
     float acc = 0.0f;
 #pragma unroll
