@@ -236,7 +236,8 @@ int main(int argc, char **argv)
     if (sl_gpu_malloc(c, &t, DIM * 2, &err) || sl_gpu_upload(c, t, xh, DIM * 2, &err))
         DIE("%s", err.msg);
     io.x = t;
-    if (sl_gpu_malloc(c, (void **)&io.h, 8 * INTER * 4, &err) ||
+    if (sl_gpu_malloc(c, (void **)&io.ximg, 16384, &err) ||
+        sl_gpu_malloc(c, (void **)&io.h, 8 * INTER * 4, &err) ||
         sl_gpu_malloc(c, (void **)&io.hq, 8 * INTER, &err) ||
         sl_gpu_malloc(c, (void **)&io.hd, 8 * INTER / 32 * 4, &err) ||
         sl_gpu_malloc(c, (void **)&io.cnt, 8 * INTER / 32 * 4, &err) ||

@@ -19,6 +19,7 @@ typedef struct mb_set {
 typedef struct mb_io {
     uint32_t dim, inter, n;
     const uint16_t *x; /* [dim] bf16 */
+    uint8_t *ximg;     /* x quantized for the bulk-copy gate/up (k_quant_x_img), 16 KB */
     float *h;          /* [8][inter] */
     int8_t *hq;        /* [8][inter] */
     float *hd;         /* [8][inter/32] */

@@ -208,19 +208,15 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
         printf("  [gate/up tma%s %dx NW %d TR %d ST %d: %d CTAs/SM, smem %zu]\n", MMA ? " mma" : "",
                NG, NW, TR, ST, occ, smem);
     }
-    static uint8_t *img = NULL; /* bench only: x quantized (k_quant_x_img), never freed */
-    if (!img) {
-        cudaError_t rc = cudaMalloc((void **)&img, k_gu4_xbytes(io->dim));
-        if (rc != cudaSuccess) return rc;
-    }
+    if (k_gu4_xbytes(io->dim) > 16384) return cudaErrorInvalidValue; /* io->ximg's size */
     cudaError_t rc =
-        k_launch(k_quant_x_img, (io->dim / 32 + 7) / 8, 256, 0, 0, pdl, io->x, io->dim, img);
+        k_launch(k_quant_x_img, (io->dim / 32 + 7) / 8, 256, 0, 0, pdl, io->x, io->dim, io->ximg);
     if (rc != cudaSuccess) return rc;
     const uint32_t units = (uint32_t)tab.n * io->inter / TR;
     uint32_t grid = (uint32_t)(occ * n_sm);
     if (grid > units) grid = units;
     rc = k_launch(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA>, grid, NG * NW * 32, smem, 0, pdl, tab,
-                  (const uint8_t *)img, io->dim, io->inter, 10.0f, s);
+                  (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s);
     if (rc != cudaSuccess) return rc;
     const uint32_t groups = (uint32_t)tab.n * io->inter / 32;
     return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, 0, pdl, s, groups, groups, ~0u);
