@@ -23,23 +23,21 @@
  * (bench/results/2026-11-30-moe.md). Weights in mapped host memory (the zero-copy
  * path): run 4's register-staged kernels, which keep >= 0.9 of the PCIe ceiling
  * (bench/results/2026-11-29-moe.md). */
-#define GU_NW   8     /* warps per CTA, register-staged gate/up */
-#define GU_PF   true  /* prefetch the next row pair */
-#define GU_MINB 1     /* __launch_bounds__ min CTAs per SM, gate/up */
-#define BF_NW   8     /* BF16 shared expert and the plain router */
-#define RT_NW   4     /* warps (experts) per CTA, prefetching router */
-#define DN_T    1     /* 4-row tiles per CTA, register-staged down */
-#define GT_NG   2     /* warp groups per CTA, bulk-copy gate/up */
-#define GT_NW   8     /* warps per group, bulk-copy gate/up */
-#define GT_TR   16    /* rows of gate (and of up) per stage */
-#define GT_ST   4     /* stages in flight per CTA (2 per group) */
-#define GT_MMA  false /* group sums on the tensor cores (k_mma4_q2_k): bench run 9 lost */
-#define DP_MMA  false /* tensor cores (k_mma2_q3_k: LPR 4, TD 16): bench run 9 lost */
-#define DP_LPR  4     /* lanes per row (k_dot2_q3_k; mma: 2 warps a 16-row tile) */
-#define DP_TD   8     /* output rows per tile (stage), bulk-copy down (mma: 16) */
-#define DP_ST   1     /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
-#define DP_NG   1     /* warp groups per CTA, persistent bulk-copy down */
-#define RT_C    24    /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
+#define GU_NW   8    /* warps per CTA, register-staged gate/up */
+#define GU_PF   true /* prefetch the next row pair */
+#define GU_MINB 1    /* __launch_bounds__ min CTAs per SM, gate/up */
+#define BF_NW   8    /* BF16 shared expert and the plain router */
+#define RT_NW   4    /* warps (experts) per CTA, prefetching router */
+#define DN_T    1    /* 4-row tiles per CTA, register-staged down */
+#define GT_NG   2    /* warp groups per CTA, bulk-copy gate/up */
+#define GT_NW   8    /* warps per group, bulk-copy gate/up */
+#define GT_TR   16   /* rows of gate (and of up) per stage */
+#define GT_ST   4    /* stages in flight per CTA (2 per group) */
+#define DP_LPR  4    /* lanes per row (k_dot2_q3_k), bulk-copy down */
+#define DP_TD   8    /* output rows per tile (stage), bulk-copy down */
+#define DP_ST   1    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
+#define DP_NG   1    /* warp groups per CTA, persistent bulk-copy down */
+#define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
@@ -146,7 +144,7 @@ static cudaError_t join_copies(sl_gpu_ctx *c)
 /* Shared memory of the bulk-copy gate/up. */
 static size_t gt_smem(uint32_t dim)
 {
-    return k_gateup_tma_smem(dim, GT_TR, GT_ST, GT_MMA ? GT_NG : 0, GT_NW);
+    return k_gateup_tma_smem(dim, GT_TR, GT_ST);
 }
 
 /* ---- launchers, one per kernel family ---- */
@@ -160,7 +158,9 @@ static cudaError_t launch_quant_img(const sl_gpu_ctx *c, const uint16_t *x, uint
 }
 
 /* Gate/up + SwiGLU of the table's experts into s.h (at each expert's slot); tma picks
- * the bulk-copy kernel (weights in device memory; x quantized first, on st). */
+ * the bulk-copy kernel (weights in device memory), after k_quant_x_img on st: pdl then
+ * says whether that kernel may overlap the one before it, the gate/up always overlaps
+ * k_quant_x_img's end. */
 static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const uint16_t *x,
                                  const sl_kscratch &s, cudaStream_t st, bool tma, bool pdl)
 {
@@ -173,9 +173,8 @@ static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const 
         const uint32_t units = (uint32_t)tab.n * (inter / GT_TR);
         uint32_t grid = (uint32_t)(c->gt_occ * c->n_sm);
         if (grid > units) grid = units;
-        return k_launch(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, GT_MMA>, grid,
-                        GT_NG * GT_NW * 32, gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img,
-                        dim, inter, limit, s);
+        return k_launch(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, grid, GT_NG * GT_NW * 32,
+                        gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img, dim, inter, limit, s);
     }
     const uint32_t units = (uint32_t)tab.n * inter;
     uint32_t grid = (units + GU_NW - 1) / GU_NW;
@@ -219,7 +218,7 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
         /* persistent (ST > 1): as many CTAs as fit; else one per tile */
         uint32_t grid = DP_ST == 1 ? dim / DP_TD : (uint32_t)(c->dt_occ[tab.n] * c->n_sm);
         if (grid > dim / DP_TD) grid = dim / DP_TD;
-        return k_launch(k_down_kern<DP_LPR, DP_TD, DP_ST, DP_NG, DP_MMA>::fn, grid,
+        return k_launch(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>, grid,
                         k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
                         k_dpt_smem(tab.n, inter, DP_TD, DP_ST), st, pdl, tab, (const int8_t *)s.hq,
                         (const float *)s.hd, dim, inter, extra, out_f32, out, part);
@@ -296,15 +295,15 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
     if (rc) return rc;
     const size_t gts = gt_smem(dim);
     if (gts <= (size_t)optin) {
-        rc = prep_kernel(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, GT_MMA>, GT_NG * GT_NW * 32,
-                         gts, &c->gt_occ, "k_gateup_tma_q2_k", err);
+        rc = prep_kernel(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, GT_NG * GT_NW * 32, gts,
+                         &c->gt_occ, "k_gateup_tma_q2_k", err);
         if (rc) return rc;
         c->gt_ok = c->gt_occ >= 1;
     }
     const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST);
     if (dt_smem + 1024 <= (size_t)optin) {           /* + its static arrays */
         for (int n = 1; n <= SL_GPU_MAX_USED; n++) { /* the last sets the largest limit */
-            rc = prep_kernel(k_down_kern<DP_LPR, DP_TD, DP_ST, DP_NG, DP_MMA>::fn,
+            rc = prep_kernel(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>,
                              (int)k_dpt_threads(n, DP_LPR, DP_TD, DP_NG),
                              k_dpt_smem(n, inter, DP_TD, DP_ST), &c->dt_occ[n], "k_down_pt_q3_k",
                              err);
@@ -325,7 +324,7 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
     }
     if (c->gt_ok) { /* its static table needs a little more shared memory: else unused */
         int o3 = 0;
-        c->gtd_ok = !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, GT_MMA>,
+        c->gtd_ok = !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>,
                                  GT_NG * GT_NW * 32, gts, &o3, "k_gateup_tma_dev_q2_k", NULL) &&
                     o3 >= 1;
         (void)cudaGetLastError();
@@ -388,8 +387,10 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
     CK(cudaHostGetDevicePointer((void **)&c->forced_dev, c->forced, 0),
        "cudaHostGetDevicePointer(forced)");
     CK(cudaMalloc((void **)&c->tab_dev, sizeof *c->tab_dev), "cudaMalloc(tab)");
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) { /* zeroed once: k_quant_x_img never writes the padding */
         CK(cudaMalloc((void **)&c->ximg[i], k_gu4_xbytes(s->dim)), "cudaMalloc(ximg)");
+        CK(cudaMemset(c->ximg[i], 0, k_gu4_xbytes(s->dim)), "cudaMemset(ximg)");
+    }
     CK(cudaEventCreateWithFlags(&c->ev_picks, cudaEventDisableTiming), "cudaEventCreate(picks)");
     return prepare_kernels(c, err);
 }
@@ -662,13 +663,14 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
         const uint32_t units = (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR);
         uint32_t grid = (uint32_t)(c->gt_occ * c->n_sm);
         if (grid > units) grid = units;
-        CK(k_launch(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, GT_MMA>, grid,
-                    GT_NG * GT_NW * 32, gt_smem(s->dim), c->main, USE_PDL,
-                    (const sl_ktab *)c->tab_dev, (const uint8_t *)c->ximg[0], s->dim, s->inter,
-                    s->swiglu_limit, c->rs, c->sh, with_sh),
+        CK(k_launch(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, grid, GT_NG * GT_NW * 32,
+                    gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,
+                    (const uint8_t *)c->ximg[0], s->dim, s->inter, s->swiglu_limit, c->rs, c->sh,
+                    with_sh),
            "k_gateup_tma_dev_q2_k");
     }
-    /* the watchdog of sl_gpu_route_wait's spin (after the gate/up, not between) */
+    /* the watchdog of sl_gpu_route_wait's spin; after the gate/up, since a stream
+     * operation between the selection and the gate/up would undo their overlap (PDL) */
     CK(cudaEventRecord(c->ev_picks, c->main), "cudaEventRecord(picks)");
     c->route_pending = 1;
     c->route_x = x;

@@ -563,8 +563,8 @@ __global__ void __launch_bounds__(NW * 32, MINB)
  * One thread of the CTA queues whole row tiles with cp.async.bulk (the copy engine of
  * the SM moves them: no registers, no load instructions per 16 bytes) into stages of
  * shared memory, each with an mbarrier that completes when its bytes have landed; the
- * warps wait on it, compute from shared memory and release the stage at a
- * __syncthreads, after which the thread queues the tile that reuses it. Tiles are
+ * warps wait on it, compute from shared memory and release the stage at a barrier
+ * of the warps that read it, after which one thread queues the tile that reuses it. Tiles are
  * whole rows, so they are contiguous and (rows of 16-byte multiples, tensors 16-byte
  * aligned, checked by the C entries) legal bulk copies. The lane mappings are the ones
  * of k_dot4_q2_k and k_dot4_q3_k, so the arithmetic is sl_emu_dot_q2_k's and
@@ -823,10 +823,14 @@ __device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t r
  * follows). Persistent: CTA c takes the units u = c, c + grid, ..., a unit being rows
  * [r0, r0 + TR) of gate and up of one expert, ST units in flight. NG groups of NW
  * warps compute NG units at once (group G the CTA's units k = G mod NG, with its own
- * named barrier), so that more warps per SM hide the decode's latency while x is
- * quantized once per CTA. Inside a unit each warp step is k_gateup4_q2_k's (rows r,
- * r + 1 of gate and up, 8 lanes a row). TR % 4 == 0 keeps a tile a multiple of 16
- * bytes for every dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
+ * named barrier), so that more warps per SM hide the decode's latency. x arrives
+ * quantized (ximg: k_quant_x_img's bytes, one bulk copy). A unit is decoded with dp4a
+ * (k_gateup_dp4a_unit) or, MMA, on the tensor cores (k_gateup_mma_unit, a bench
+ * variant). DEV: the table is read from device memory after the wait for the kernel
+ * before (the selection); with sh_first the shared expert sh, the table's last entry,
+ * takes the first units (unit u: entry (u / tpe + n - 1) % n), so that its first
+ * stages are queued before that wait. TR % 4 == 0 keeps a tile a multiple of 16 bytes
+ * for every dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
 template <int NW, int TR, int ST, int NG, bool MMA, bool DEV>
 __device__ __forceinline__ void
 k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict__ tabp,
@@ -896,7 +900,8 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
         k_mbar_expect(xbar, k_gu4_xbytes(dim));
         k_bulk(aq, ximg, k_gu4_xbytes(dim), xbar);
     }
-    __syncthreads(); /* the zero bytes */
+    __syncthreads(); /* the barriers' inits (non-DEV: the only CTA barrier before the
+                      * waits on them) and the zero bytes */
     k_mbar_wait(xbar, 0);
 
     for (uint32_t k = grp; blockIdx.x + k * grid < units; k += NG) {

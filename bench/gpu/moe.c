@@ -288,6 +288,7 @@ int main(int argc, char **argv)
     {
         const int n8 = np / 8;
         mb_set *s8 = calloc(n8, sizeof *s8);
+        if (!s8) DIE("calloc(%d sets)", n8);
         for (int k = 0; k < n8; k++)
             for (int j = 0; j < 8; j++) {
                 const uint8_t *p = dev[k * 8 + j];
@@ -319,8 +320,8 @@ int main(int argc, char **argv)
         for (int w = 0; w < 2; w++) {
             const double slope = (m * sxy[w] - sx * sy[w]) / den, icpt = (sy[w] - slope * sx) / m;
             const double eb = w ? (double)bd : 2.0 * bg;
-            say("%s%s: %.2f us an expert (%.0f GB/s), %.1f us a launch besides (fit over 2..6)",
-                w ? "; " : "\n", w ? "down" : "gate/up", slope, eb / slope / 1e3, icpt);
+            say("%s%s: %.2f us an expert (%.0f GB/s), %.1f us a launch besides (fit over 2..%d)",
+                w ? "; " : "\n", w ? "down" : "gate/up", slope, eb / slope / 1e3, icpt, NUSED);
         }
         say("\n\n");
         free(s8);
