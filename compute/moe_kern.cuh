@@ -638,18 +638,22 @@ __device__ __forceinline__ void k_pdl_go()
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
-/* The start of a bulk-copy pipeline: thread 0 initialises the ST stage barriers and
- * queues the first ST stages (weights do not depend on the previous kernel), then every
- * thread waits for the previous kernel (PDL) and lets the next one start its own. */
-template <int ST, typename F> __device__ __forceinline__ void k_pipe_start(uint64_t *bar, F &issue)
+/* The start of a bulk-copy pipeline: thread 0 initialises the nbar barriers at bar and
+ * queues stages k = 0, 1, ... (at most ST) while queue(k) says it queued one (weights do
+ * not depend on the previous kernel); then every thread waits for the previous kernel
+ * (PDL) and lets the next one start its own. Returns, in thread 0, the stages queued. */
+template <int ST, typename F>
+__device__ __forceinline__ uint32_t k_pipe_start(uint64_t *bar, int nbar, F &&queue)
 {
+    uint32_t queued = 0;
     if (threadIdx.x == 0) {
-        for (int i = 0; i < ST; i++) k_mbar_init(bar + i, 1);
+        for (int i = 0; i < nbar; i++) k_mbar_init(bar + i, 1);
         k_mbar_fence_init();
-        for (int i = 0; i < ST; i++) issue((uint32_t)i);
+        while (queued < ST && queue(queued)) queued++;
     }
     k_pdl_wait();
     k_pdl_go();
+    return queued;
 }
 
 /* ---- Q2_K on the tensor cores (mma.sync m16n8k32, u8 weights x s8 codes) ----
@@ -869,24 +873,20 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
     float4 *red0 = (float4 *)(((uintptr_t)(xbar + 1) + 15) & ~(uintptr_t)15);
     float4 *red = red0 + grp * NW * 32;
     int8_t *zero = (int8_t *)(red0 + NG * NW * 32);
-    if (!DEV) {
-        units = (uint32_t)tab.n * tpe;
-        if (threadIdx.x == 0) k_mbar_init(xbar, 1); /* made visible by k_pipe_start's fence */
-        k_pipe_start<ST>(bar, issue);               /* ... which waits for k_quant_x_img */
-    } else {
-        /* The table comes from the kernel before (k_route_select). The shared expert,
-         * known at launch, takes the first units when sh_first, so its first stages
-         * load while the selection runs. */
-        uint32_t early = 0;
-        if (threadIdx.x == 0) {
-            for (int i = 0; i < ST; i++) k_mbar_init(bar + i, 1);
-            k_mbar_init(xbar, 1);
-            k_mbar_fence_init();
-            for (; sh_first && early < ST && blockIdx.x + early * grid < tpe; early++)
-                issue_rows(early, sh, (blockIdx.x + early * grid) * TR);
+    /* DEV: the table comes from the kernel before (k_route_select). The shared expert,
+     * known at launch, takes the first units when sh_first, so its first stages load
+     * while the selection runs. */
+    if (!DEV) units = (uint32_t)tab.n * tpe;
+    const uint32_t early = k_pipe_start<ST>(bar, ST + 1 /* and xbar */, [&](uint32_t k) {
+        if (!DEV) {
+            issue(k);
+            return true;
         }
-        k_pdl_wait();
-        k_pdl_go();
+        if (!sh_first || blockIdx.x + k * grid >= tpe) return false;
+        issue_rows(k, sh, (blockIdx.x + k * grid) * TR);
+        return true;
+    }); /* ... which waits for k_quant_x_img (or the router, or the selection) */
+    if (DEV) {
         if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         __syncthreads();
         units = (uint32_t)tab.n * tpe;
@@ -1278,14 +1278,10 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
                                               bytes, b);
                                    }
     };
-    if (threadIdx.x == 0) { /* k_pipe_start with n barriers a stage */
-        for (int i = 0; i < ST; i++)
-            for (int x = 0; x < n; x++) k_mbar_init(&bar[i][x], 1);
-        k_mbar_fence_init();
-        for (int i = 0; i < ST; i++) issue((uint32_t)i);
-    }
-    k_pdl_wait();
-    k_pdl_go();
+    k_pipe_start<ST>(&bar[0][0], ST * SL_GPU_MAX_USED, [&](uint32_t k) {
+        issue(k);
+        return true;
+    });
     __syncthreads();                          /* the barriers are initialised */
     const int hs = e < n ? tab.e[e].slot : 0; /* the expert's row of h */
     const int8_t *aq = hq + (size_t)hs * inter;
