@@ -286,17 +286,6 @@ int main(int argc, char **argv)
     /* the compute variant over 1..6 experts a launch: the slope is the steady cost of one
      * expert, the intercept what a launch costs besides (start, first bytes, tail) */
     {
-        const int n8 = np / 8;
-        mb_set *s8 = calloc(n8, sizeof *s8);
-        if (!s8) DIE("calloc(%d sets)", n8);
-        for (int k = 0; k < n8; k++)
-            for (int j = 0; j < 8; j++) {
-                const uint8_t *p = dev[k * 8 + j];
-                s8[k].gate[j] = p;
-                s8[k].up[j] = p + bg;
-                s8[k].down[j] = p + 2 * bg;
-                s8[k].w[j] = 0.25f;
-            }
         say("Experts a launch, compute's kernels (variant 1), us:\n\n| experts | gate/up | down "
             "|\n|---|---|---|\n");
         double sx = 0, sy[2] = {0, 0}, sxx = 0, sxy[2] = {0, 0};
@@ -305,7 +294,8 @@ int main(int argc, char **argv)
             in.n = n;
             double tn[2];
             for (int w = 0; w < 2; w++)
-                if (mb_variant_time(1, &in, s8, n8, o.iters, w + 1, &tn[w], msg)) DIE("%s", msg);
+                if (mb_variant_time(1, &in, sets, nsets, o.iters, w + 1, &tn[w], msg))
+                    DIE("%s", msg);
             say("| %u | %.1f | %.1f |\n", n, tn[0], tn[1]);
             if (n >= 2) {
                 sx += n;
@@ -324,7 +314,6 @@ int main(int argc, char **argv)
                 w ? "; " : "\n", w ? "down" : "gate/up", slope, eb / slope / 1e3, icpt, NUSED);
         }
         say("\n\n");
-        free(s8);
     }
 
     /* zero-copy: 12 experts in a registered POSIX shm mapping */
