@@ -86,6 +86,7 @@ struct sl_fetcher {
     char done_endpoint[64];
     sl_readers *readers;
     uint32_t n_slot;
+    uint32_t n_filling; /* slots whose read is queued, running or not yet published */
     slot_info *slots;   /* [n_slot] */
     uint32_t *inflight; /* [n_layer * n_expert]: slot + 1 while its read is in flight */
     waiter *waiters;    /* pool */
@@ -627,6 +628,7 @@ static void start_read(sl_fetcher *f, uint32_t slot, uint32_t layer, uint32_t ex
     si->layer = layer;
     si->expert = expert;
     si->filling = 1;
+    f->n_filling++;
     si->prefetch = (uint8_t)prefetch;
     f->inflight[(uint64_t)layer * f->map->n_expert + expert] = slot + 1;
     sl_read_job j = {.seq = ++f->next_seq,
@@ -646,6 +648,7 @@ static void end_read(sl_fetcher *f, uint32_t slot)
     slot_info *si = &f->slots[slot];
     f->inflight[(uint64_t)si->layer * f->map->n_expert + si->expert] = 0;
     si->filling = 0;
+    f->n_filling--;
     si->prefetch = 0;
 }
 
@@ -764,6 +767,15 @@ static void handle_release(sl_fetcher *f, int ci, const sl_proto_release *r)
     }
 }
 
+/* Reads taken by a reader and not yet published here. A reader's own count drops before
+ * its completion reaches this loop, so it would let a STATS reply say "nothing in flight"
+ * while the slot is still unpublished. */
+static uint32_t reads_in_flight(sl_fetcher *f)
+{
+    uint32_t queued = sl_readers_queued(f->readers);
+    return f->n_filling > queued ? f->n_filling - queued : 0;
+}
+
 static void fill_stats(sl_fetcher *f, sl_proto_stats_reply *s)
 {
     s->uptime_ms = (sl_now_ns() - f->start_ns) / 1000000;
@@ -773,7 +785,7 @@ static void fill_stats(sl_fetcher *f, sl_proto_stats_reply *s)
     s->prefetch_dropped = f->c.prefetch_dropped;
     s->read_errors = f->c.read_errors;
     s->queue_depth = sl_readers_queued(f->readers);
-    s->in_flight = sl_readers_active(f->readers);
+    s->in_flight = reads_in_flight(f);
     uint32_t pinned = 0;
     for (uint32_t i = 0; i < f->n_slot; i++)
         pinned += atomic_load(&f->arena->slots[i].readers) != 0;
@@ -958,13 +970,13 @@ void sl_fetcher_print_stats(sl_fetcher *f, FILE *out)
             " prefetches dropped, %" PRIu64 " read errors, %" PRIu64 " bad frames\n",
             up, c->hits, c->misses, asked ? 100.0 * (double)c->hits / (double)asked : 0.0,
             c->prefetch_reads, c->prefetch_dropped, c->read_errors, c->bad_frames);
-    fprintf(
-        out,
-        "  read %.3f GB in %" PRIu64 " expert reads (mean %.0f us, p50 <= %.0f us, p99 <= %.0f "
-        "us); queue %u, in flight %u, buffered shards %u of %u\n",
-        (double)c->bytes_read / 1e9, reads, reads ? (double)c->read_us_total / (double)reads : 0.0,
-        hist_quantile(c->hist, 0.5), hist_quantile(c->hist, 0.99), sl_readers_queued(f->readers),
-        sl_readers_active(f->readers), sl_readers_buffered_shards(f->readers), f->gguf->n_shards);
+    fprintf(out,
+            "  read %.3f GB in %" PRIu64 " expert reads (mean %.0f us, p50 <= %.0f us, p99 <= %.0f "
+            "us); queue %u, in flight %u, buffered shards %u of %u\n",
+            (double)c->bytes_read / 1e9, reads,
+            reads ? (double)c->read_us_total / (double)reads : 0.0, hist_quantile(c->hist, 0.5),
+            hist_quantile(c->hist, 0.99), sl_readers_queued(f->readers), reads_in_flight(f),
+            sl_readers_buffered_shards(f->readers), f->gguf->n_shards);
 }
 
 static void check_clients(sl_fetcher *f, uint64_t now)

@@ -33,7 +33,6 @@ struct sl_readers {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     job_ring demand, prefetch;
-    uint32_t active;
     int stopping;
 };
 
@@ -153,7 +152,6 @@ static void *reader_main(void *varg)
             break;
         }
         sl_read_job j = r->demand.n ? ring_pop(&r->demand) : ring_pop(&r->prefetch);
-        r->active++;
         pthread_mutex_unlock(&r->lock);
 
         sl_read_done d;
@@ -171,9 +169,6 @@ static void *reader_main(void *varg)
         d.end_ns = sl_now_ns();
         sl_trace_add(r->cfg.trace, j.prefetch ? "read-prefetch" : "read", (int32_t)j.layer,
                      (int32_t)j.expert, d.bytes, d.start_ns, d.end_ns);
-        pthread_mutex_lock(&r->lock);
-        r->active--;
-        pthread_mutex_unlock(&r->lock);
         while (zmq_send(push, &d, sizeof d, 0) < 0 && zmq_errno() == EINTR) {
         }
     }
@@ -281,14 +276,6 @@ uint32_t sl_readers_queued(sl_readers *r)
 {
     pthread_mutex_lock(&r->lock);
     uint32_t n = r->demand.n + r->prefetch.n;
-    pthread_mutex_unlock(&r->lock);
-    return n;
-}
-
-uint32_t sl_readers_active(sl_readers *r)
-{
-    pthread_mutex_lock(&r->lock);
-    uint32_t n = r->active;
     pthread_mutex_unlock(&r->lock);
     return n;
 }

@@ -61,9 +61,8 @@ void sl_readers_submit(sl_readers *r, const sl_read_job *job);
  * dropped[] (at most max); returns how many were removed. */
 uint32_t sl_readers_drop_prefetch(sl_readers *r, sl_read_job *dropped, uint32_t max);
 
-/* Jobs waiting, and jobs being read now. */
+/* Jobs waiting for a reader. */
 uint32_t sl_readers_queued(sl_readers *r);
-uint32_t sl_readers_active(sl_readers *r);
 
 /* Shards that fell back to buffered reads (O_DIRECT refused). */
 uint32_t sl_readers_buffered_shards(sl_readers *r);

@@ -176,7 +176,7 @@ typedef struct sl_proto_stats_reply {
     uint64_t prefetch_dropped; /* prefetched experts dropped before their read */
     uint64_t read_errors;      /* failed expert reads */
     uint32_t queue_depth;      /* experts waiting for a reader now */
-    uint32_t in_flight;        /* experts being read now */
+    uint32_t in_flight;        /* experts taken by a reader, not yet published */
     uint32_t pinned;           /* slots pinned by clients now (all clients, counted once) */
     uint64_t hist[SL_PROTO_HIST_BUCKETS]; /* reads by latency, see SL_PROTO_HIST_BASE_US */
 } sl_proto_stats_reply;
