@@ -49,12 +49,35 @@ struct sl_kscratch {
     unsigned *cnt; /* [n][inter/32] rows done per q8_1 group (0 between launches) */
 };
 
+/* What the fused layer kernel (k_moe_fused_q2q3) needs besides sl_kscratch. sync is
+ * zero between launches (each launch leaves it so): [0, SL_GPU_MAX_USED) the q8_1
+ * groups of h done per slot, [SL_GPU_MAX_USED] the CTAs finished, [SL_KFUSE_TILES..)
+ * per output tile the experts whose rows are in part. */
+#define SL_KFUSE_TILES 16
+struct sl_kfuse {
+    unsigned *sync;     /* [SL_KFUSE_TILES + dim / TD] */
+    float *part;        /* [SL_GPU_MAX_USED][dim] each expert's bf16-rounded rows, by slot */
+    const float *extra; /* added last, when the kernel sums (NULL: nothing) */
+    float *out_f32;     /* [dim] the sum, when the kernel sums (NULL: not wanted) */
+    uint16_t *out_bf16; /* [dim] the same rounded to bf16 (NULL: not wanted) */
+    int n_all;          /* the token's experts: a table that holds them all is summed */
+};
+
 namespace
 {
 
 __device__ __forceinline__ float k_half(const uint8_t *p)
 {
     return __half2float(__ushort_as_half(*(const unsigned short *)p));
+}
+
+/* An activation load: through L1 (read-only for the kernel), or from shared memory. */
+template <bool SH, typename T> __device__ __forceinline__ T k_ld_act(const T *p)
+{
+    if constexpr (SH)
+        return *p;
+    else
+        return __ldg(p);
 }
 
 /* 16-byte streaming load (weights are read once per token). */
@@ -203,12 +226,13 @@ __device__ __forceinline__ float k_dot_q2_k(const uint8_t *row, const int8_t *aq
  * the qs words of g's 128-value half, g's codes at shift sh; lo8, hi4: the 12 packed
  * scale bytes (0..7, 8..11). Codes are low - 4 * (1 - hbit), so that one signed dp4a
  * takes 4 of them. */
+template <bool SH = false>
 __device__ __forceinline__ int k_q3_group(const uint32_t (&hm)[8], const uint32_t (&qw)[8], int g,
                                           int sh, uint64_t lo8, uint32_t hi4,
                                           const int8_t *__restrict__ aq_g)
 {
     const int4 *aw = (const int4 *)aq_g;
-    const int4 a0 = __ldg(aw), a1 = __ldg(aw + 1);
+    const int4 a0 = k_ld_act<SH>(aw), a1 = k_ld_act<SH>(aw + 1);
     const int av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
     int c0 = 0, c1 = 0;
 #pragma unroll
@@ -233,7 +257,8 @@ __device__ __forceinline__ int k_q3_group(const uint32_t (&hm)[8], const uint32_
 
 /* One lane's share of a Q3_K row (8 lanes per row, lane g = group g of every block;
  * see sl_emu_dot_q3_k). row is 2-byte aligned in shared memory; the activation
- * (codes aq, scales ad) is read through L1. */
+ * (codes aq, scales ad) is read through L1, or with SH from shared memory. */
+template <bool SH = false>
 __device__ __forceinline__ float k_dot_q3_k(const uint8_t *row, const int8_t *__restrict__ aq,
                                             const float *__restrict__ ad, uint32_t nb, int g)
 {
@@ -248,8 +273,8 @@ __device__ __forceinline__ float k_dot_q3_k(const uint8_t *row, const int8_t *__
         uint32_t sw[3];
         k_ld3(blk + 96, sw);
         const uint64_t lo8 = (uint64_t)sw[0] | (uint64_t)sw[1] << 32;
-        const int isum = k_q3_group(hm, qw, g, sh, lo8, sw[2], aq + 256 * b + 32 * g);
-        acc = sl_emu_q3_k_step(acc, k_half(blk + 108), isum, __ldg(ad + 8 * b + g));
+        const int isum = k_q3_group<SH>(hm, qw, g, sh, lo8, sw[2], aq + 256 * b + 32 * g);
+        acc = sl_emu_q3_k_step(acc, k_half(blk + 108), isum, k_ld_act<SH>(ad + 8 * b + g));
     }
     return acc;
 }
@@ -800,8 +825,10 @@ k_gateup_mma_unit(const uint8_t *st, uint32_t rb, uint32_t nb, const int8_t *aq,
 }
 
 /* One unit with dp4a: each warp step is k_gateup4_q2_k's (rows r, r + 1 of gate and
- * up, 8 lanes a row); then the group's barrier frees the stage. */
-template <int NW, int TR, int NG, typename F>
+ * up, 8 lanes a row); then the group's barrier frees the stage. FENCE: the lanes that
+ * wrote h fence their writes before that barrier (the fused kernel counts the unit
+ * done after it). */
+template <int NW, int TR, int NG, bool FENCE = false, typename F>
 __device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t rb, uint32_t nb,
                                                    const int8_t *aq, const float *ad, const int *as,
                                                    int grp, int warp, int lane, const sl_kexp &ex,
@@ -814,7 +841,10 @@ __device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t r
         k_dot4_q2_k(row, aq, ad, as, nb, n & 1, n >> 1, a);
         const float v = k_comb4(a);
         const float o = __shfl_xor_sync(~0u, v, 8); /* gate lanes get their up */
-        if ((lane & 15) == 0) h[2 * p + (lane >> 4)] = sl_emu_swiglu(v, o, ex.w, limit);
+        if ((lane & 15) == 0) {
+            h[2 * p + (lane >> 4)] = sl_emu_swiglu(v, o, ex.w, limit);
+            if (FENCE) __threadfence();
+        }
     }
     if (NG == 1)
         __syncthreads();
@@ -1372,6 +1402,223 @@ template <int LPR, int TD, int ST, int NG, bool MMA> struct k_down_kern {
 template <int LPR, int TD, int ST, int NG> struct k_down_kern<LPR, TD, ST, NG, true> {
     static constexpr auto fn = &k_down_mma_q3_k<LPR, TD, ST, NG>;
 };
+
+/* ---- the fused layer: gate/up, q8_1 of h and down in one persistent launch ----
+ *
+ * The launches of a layer each pay a start, a pipeline fill and a tail (bench-moe's
+ * fit: about 8 us the gate/up, 4 us the down). One launch takes both: CTA c runs the
+ * units u = c, c + grid, ... of one list, first every gate/up unit (k_gateup_tma_body's,
+ * the shared expert first when sh_first), then every down unit (TD output rows of one
+ * expert, in the same expert order). A down unit's weights are queued as soon as its
+ * stage is free, so they stream in during the gate/up's tail; only its arithmetic
+ * waits, for its expert's h. The waits cannot deadlock: a CTA finishes all its gate/up
+ * units before its first down unit, and the grid is no larger than what fits at once.
+ *
+ * h's q8_1 groups: the unit that completes a group (32 / TR units; counted in s.cnt)
+ * quantizes it (k_q8_lane: k_quant_h's bits) and counts it in sync[slot]; a down unit
+ * waits for inter / 32 there, then copies its expert's codes and scales into the stage
+ * after its rows (L1 is not coherent with other SMs' writes). Each down unit writes its
+ * bf16-rounded rows apart (part, by slot, as k_down_pt_q3_k's part form) and counts
+ * itself in its tile's counter; when the table holds every expert of the token (n_all),
+ * the tile's last unit adds the slots in order, then extra: k_combine's sum, bit for
+ * bit. Otherwise the rest of the token's experts follow and k_combine sums. */
+__device__ __forceinline__ unsigned k_ld_acquire(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Warp 0 of a group, after the unit that wrote rows r0.. of slot's h (fenced) and the
+ * group's barrier: counts the unit in its q8_1 group; the unit completing the group
+ * quantizes it and counts the group in ready[slot]. */
+__device__ __forceinline__ void k_fused_h_done(const sl_kscratch &s, unsigned *ready, int slot,
+                                               uint32_t r0, uint32_t inter, unsigned per, int lane)
+{
+    const uint32_t g = (uint32_t)slot * (inter / 32) + r0 / 32;
+    unsigned old = 0;
+    if (lane == 0) old = atomicAdd(&s.cnt[g], 1u);
+    old = __shfl_sync(~0u, old, 0);
+    if (old != per - 1) return;
+    __threadfence();
+    float d;
+    const int q = k_q8_lane(__ldcg(&s.h[(size_t)g * 32 + lane]), &d);
+    s.hq[(size_t)g * 32 + lane] = (int8_t)q;
+    if (lane == 0) {
+        s.hd[g] = d;
+        s.cnt[g] = 0;
+    }
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) atomicAdd(&ready[slot], 1u);
+}
+
+template <int NW, int TR, int ST, int NG, int TD, bool DEV>
+__device__ __forceinline__ void
+k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict__ tabp,
+                 const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg, uint32_t dim,
+                 uint32_t inter, float limit, const sl_kscratch &s, const sl_kfuse &f)
+{
+    static_assert(ST % NG == 0, "stages are split evenly between the groups");
+    static_assert(TD * 8 == NW * 32, "a down unit: TD rows of 8 lanes, one group, one warp a sum");
+    static_assert(32 % TR == 0, "whole units make a q8_1 group");
+    extern __shared__ int4 k_smem[];
+    __shared__ unsigned seen; /* slots whose h this CTA saw complete */
+    int8_t *aq = (int8_t *)k_smem;
+    float *ad = (float *)(aq + dim + dim / 8);
+    int *as = (int *)(ad + dim / 32);
+    uint8_t *stage = (uint8_t *)k_smem + k_gu4_xbytes(dim);
+    const uint32_t rb = dim / 256 * 84, nb = dim / 256, sb = k_gut_stage(dim, TR);
+    const uint32_t db = inter / 256 * 110, gpe = inter / 32;
+    uint64_t *bar = (uint64_t *)(stage + (size_t)ST * sb);
+    uint64_t *xbar = bar + ST;
+    const uint32_t tpe = inter / TR, dpe = dim / TD, grid = gridDim.x;
+    const int lane = threadIdx.x & 31, grp = threadIdx.x / (NW * 32),
+              warp = (threadIdx.x >> 5) % NW, in = threadIdx.x % (NW * 32);
+    unsigned *ready = f.sync, *done = f.sync + SL_GPU_MAX_USED, *tiles = f.sync + SL_KFUSE_TILES;
+    uint32_t gu = 0, units = 0, rot = 0; /* the list: gu gate/up units, then the downs */
+
+    auto entry = [&](uint32_t j) -> const sl_kexp & { return tab.e[(j + rot) % tab.n]; };
+    auto issue_rows = [&](uint32_t k, const sl_kexp &x, uint32_t r0) {
+        uint8_t *dst = stage + (size_t)(k % ST) * sb;
+        uint64_t *b = bar + k % ST;
+        k_mbar_expect(b, sb);
+        k_bulk(dst, x.gate + (size_t)r0 * rb, TR * rb, b);
+        k_bulk(dst + TR * rb, x.up + (size_t)r0 * rb, TR * rb, b);
+    };
+    auto issue = [&](uint32_t k) { /* the CTA's k-th unit into stage k % ST */
+                                   const uint32_t u = blockIdx.x + k * grid;
+                                   if (u >= units) return;
+                                   if (u < gu) {
+                                       issue_rows(k, entry(u / tpe), (u % tpe) * TR);
+                                       return;
+                                   }
+                                   const uint32_t d = u - gu;
+                                   uint64_t *b = bar + k % ST;
+                                   k_mbar_expect(b, TD * db);
+                                   k_bulk(stage + (size_t)(k % ST) * sb,
+                                          entry(d / dpe).down + (size_t)(d % dpe) * TD * db,
+                                          TD * db, b);
+    };
+    if (!DEV) {
+        gu = (uint32_t)tab.n * tpe;
+        units = gu + (uint32_t)tab.n * dpe;
+    }
+    const uint32_t early = k_pipe_start<ST>(bar, ST + 1 /* and xbar */, [&](uint32_t k) {
+        if (!DEV) {
+            issue(k);
+            return true;
+        }
+        if (!sh_first || blockIdx.x + k * grid >= tpe) return false;
+        issue_rows(k, sh, (blockIdx.x + k * grid) * TR);
+        return true;
+    });
+    if (DEV) {
+        if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
+        __syncthreads();
+        gu = (uint32_t)tab.n * tpe;
+        units = gu + (uint32_t)tab.n * dpe;
+        rot = sh_first ? (uint32_t)tab.n - 1 : 0;
+        if (threadIdx.x == 0)
+            for (uint32_t k = early; k < ST; k++) issue(k);
+    }
+    if (threadIdx.x == 0) {
+        seen = 0;
+        k_mbar_expect(xbar, k_gu4_xbytes(dim));
+        k_bulk(aq, ximg, k_gu4_xbytes(dim), xbar);
+    }
+    __syncthreads();
+    k_mbar_wait(xbar, 0);
+
+    for (uint32_t k = grp; blockIdx.x + k * grid < units; k += NG) {
+        const uint32_t u = blockIdx.x + k * grid;
+        k_mbar_wait(bar + k % ST, (k / ST) & 1);
+        const uint8_t *st = stage + (size_t)(k % ST) * sb;
+        auto stage_free = [&] {
+            k_fence_proxy();
+            issue(k + ST);
+        };
+        if (u < gu) {
+            const sl_kexp &ex = entry(u / tpe);
+            const uint32_t r0 = (u % tpe) * TR;
+            k_gateup_dp4a_unit<NW, TR, NG, true>(st, rb, nb, aq, ad, as, grp, warp, lane, ex,
+                                                 s.h + (size_t)ex.slot * inter + r0, limit,
+                                                 stage_free);
+            if (warp == 0) k_fused_h_done(s, ready, ex.slot, r0, inter, 32 / TR, lane);
+            continue;
+        }
+        const uint32_t d = u - gu, t = d % dpe;
+        const int slot = entry(d / dpe).slot;
+        int8_t *hq = (int8_t *)st + TD * db; /* the expert's activation, after its rows */
+        float *hd = (float *)(hq + inter);
+        if (in == 0 && !(*(volatile unsigned *)&seen >> slot & 1)) {
+            while (k_ld_acquire(&ready[slot]) < gpe) __nanosleep(64);
+            atomicOr(&seen, 1u << slot);
+        }
+        k_group_bar<NW>(grp);
+        for (uint32_t i = in; i < inter / 16; i += NW * 32)
+            ((int4 *)hq)[i] = __ldcg((const int4 *)(s.hq + (size_t)slot * inter) + i);
+        for (uint32_t i = in; i < gpe / 4; i += NW * 32)
+            ((int4 *)hd)[i] = __ldcg((const int4 *)(s.hd + (size_t)slot * gpe) + i);
+        k_group_bar<NW>(grp);
+        const int r = in >> 3, sub = in & 7;
+        const float a = k_butterfly(k_dot_q3_k<true>(st + r * db, hq, hd, inter / 256, sub), 4);
+        if (sub == 0) {
+            f.part[(size_t)slot * dim + t * TD + r] = sl_emu_bf16_round(a);
+            __threadfence();
+        }
+        k_group_bar<NW>(grp);
+        if (warp) continue;
+        unsigned old = 0;
+        if (lane == 0) {
+            stage_free();
+            old = atomicAdd(&tiles[t], 1u);
+        }
+        old = __shfl_sync(~0u, old, 0);
+        if (old != (unsigned)tab.n - 1) continue;
+        if (tab.n == f.n_all) { /* every expert's rows are in: k_combine's sum */
+            __threadfence();
+            const uint32_t o = t * TD + lane;
+            float v = 0.0f;
+            for (int x = 0; x < tab.n; x++) v = sl_emu_add(v, __ldcg(&f.part[(size_t)x * dim + o]));
+            if (f.extra) v = sl_emu_add(v, f.extra[o]);
+            if (f.out_f32) f.out_f32[o] = v;
+            if (f.out_bf16) f.out_bf16[o] = sl_emu_bf16_bits(v);
+        }
+        if (lane == 0) tiles[t] = 0;
+    }
+    __syncthreads(); /* the last CTA out leaves sync zero for the next launch */
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(done, 1u) == grid - 1) {
+            for (int i = 0; i < SL_GPU_MAX_USED; i++) ready[i] = 0;
+            *done = 0;
+        }
+    }
+}
+
+template <int NW, int TR, int ST, int NG, int TD>
+__global__ void __launch_bounds__(NG *NW * 32, 1)
+    k_moe_fused_q2q3(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
+                     uint32_t dim, uint32_t inter, float limit,
+                     const __grid_constant__ sl_kscratch s, const __grid_constant__ sl_kfuse f)
+{
+    k_moe_fused_body<NW, TR, ST, NG, TD, false>(tab, NULL, NULL, tab.e[0], 0, ximg, dim, inter,
+                                                limit, s, f);
+}
+
+/* The same with the table in device memory (k_route_select's, as k_gateup_tma_dev_q2_k). */
+template <int NW, int TR, int ST, int NG, int TD>
+__global__ void __launch_bounds__(NG *NW * 32, 1)
+    k_moe_fused_dev_q2q3(const sl_ktab *__restrict__ tabp, const uint8_t *__restrict__ ximg,
+                         uint32_t dim, uint32_t inter, float limit,
+                         const __grid_constant__ sl_kscratch s, const __grid_constant__ sl_kfuse f,
+                         const __grid_constant__ sl_kexp sh, int sh_first)
+{
+    __shared__ sl_ktab tab;
+    k_moe_fused_body<NW, TR, ST, NG, TD, true>(tab, &tab, tabp, sh, sh_first, ximg, dim, inter,
+                                               limit, s, f);
+}
 
 /* The combine of k_down_pt_q3_k for experts whose rows were written apart (part):
  * y = 0 + part[0][o] + ... + part[n-1][o] (slot order, i.e. increasing expert id, then

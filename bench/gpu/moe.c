@@ -241,12 +241,16 @@ int main(int argc, char **argv)
         sl_gpu_malloc(c, (void **)&io.hq, 8 * INTER, &err) ||
         sl_gpu_malloc(c, (void **)&io.hd, 8 * INTER / 32 * 4, &err) ||
         sl_gpu_malloc(c, (void **)&io.cnt, 8 * INTER / 32 * 4, &err) ||
+        sl_gpu_malloc(c, (void **)&io.sync, 4096 * 4, &err) ||
+        sl_gpu_malloc(c, (void **)&io.part, 8 * DIM * 4, &err) ||
         sl_gpu_malloc(c, (void **)&io.out_f32, DIM * 4, &err) ||
         sl_gpu_malloc(c, (void **)&io.out, DIM * 2, &err))
         DIE("%s", err.msg);
     {
-        unsigned zero[8 * INTER / 32] = {0};
-        if (sl_gpu_upload(c, io.cnt, zero, sizeof zero, &err)) DIE("%s", err.msg);
+        static unsigned zero[4096];
+        if (sl_gpu_upload(c, io.cnt, zero, 8 * INTER / 32 * 4, &err) ||
+            sl_gpu_upload(c, io.sync, zero, sizeof zero, &err))
+            DIE("%s", err.msg);
     }
 
     /* the emulation of set 0 (experts 0..5 of the pool, ids increasing = table order) */
@@ -276,9 +280,15 @@ int main(int argc, char **argv)
         if (sl_gpu_download(c, got, io.out_f32, sizeof got, &err)) DIE("%s", err.msg);
         const int exact = !memcmp(got, want, sizeof got);
         const double gu_b = (double)NUSED * 2 * bg, dn_b = (double)NUSED * bd;
-        say("| %s | %.1f | %.0f | %.1f | %.0f | %.1f | %.0f | %.3f | %.3f | %s |\n",
-            mb_variant_name(v), us[0], gu_b / us[0] / 1e3, us[1], dn_b / us[1] / 1e3, us[2],
-            token_bytes / us[2] / 1e3, token_bytes / us[2] / 1e3 / hbm,
+        char part[2][48];
+        for (int w = 0; w < 2; w++)
+            if (us[w] > 0)
+                snprintf(part[w], sizeof part[w], "%.1f | %.0f", us[w],
+                         (w ? dn_b : gu_b) / us[w] / 1e3);
+            else
+                snprintf(part[w], sizeof part[w], "- | -");
+        say("| %s | %s | %s | %.1f | %.0f | %.3f | %.3f | %s |\n", mb_variant_name(v), part[0],
+            part[1], us[2], token_bytes / us[2] / 1e3, token_bytes / us[2] / 1e3 / hbm,
             token_bytes / us[2] / 1e3 / own, exact ? "bit-exact" : "DIFFERS");
     }
     say("\n(ggml-cuda MUL_MAT_ID, same token: 127 us, 606 GB/s.)\n\n");

@@ -24,6 +24,8 @@ typedef struct mb_io {
     int8_t *hq;        /* [8][inter] */
     float *hd;         /* [8][inter/32] */
     unsigned *cnt;     /* [8][inter/32], zeroed */
+    unsigned *sync;    /* the fused kernel's counters (sl_kfuse), zeroed, 4096 of them */
+    float *part;       /* [8][dim] */
     float *out_f32;    /* [dim] */
     uint16_t *out;     /* [dim] */
 } mb_io;
@@ -43,7 +45,8 @@ int mb_variant_count(void);
 const char *mb_variant_name(int v);
 
 /* Microseconds per token of variant v over iters launches rotating through sets;
- * which: 0 gate/up + down, 1 gate/up only, 2 down only. Leaves set 0's full result in
+ * which: 0 gate/up + down, 1 gate/up only, 2 down only (0 us: the variant has no such
+ * part, e.g. the fused layer kernel). Leaves set 0's full result in
  * io->out / io->out_f32. msg[256] gets the failure. */
 int mb_variant_time(int v, const mb_io *io, const mb_set *sets, int nsets, int iters, int which,
                     double *us, char *msg);
