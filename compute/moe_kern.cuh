@@ -21,6 +21,7 @@
 
 #include <utility>
 
+#include "fused_plan.h"
 #include "gpu.h"
 #include "moe_emu.h"
 #include "score.h"
@@ -825,10 +826,8 @@ k_gateup_mma_unit(const uint8_t *st, uint32_t rb, uint32_t nb, const int8_t *aq,
 }
 
 /* One unit with dp4a: each warp step is k_gateup4_q2_k's (rows r, r + 1 of gate and
- * up, 8 lanes a row); then the group's barrier frees the stage. FENCE: the lanes that
- * wrote h fence their writes before that barrier (the fused kernel counts the unit
- * done after it). */
-template <int NW, int TR, int NG, bool FENCE = false, typename F>
+ * up, 8 lanes a row); then the group's barrier frees the stage. */
+template <int NW, int TR, int NG, typename F>
 __device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t rb, uint32_t nb,
                                                    const int8_t *aq, const float *ad, const int *as,
                                                    int grp, int warp, int lane, const sl_kexp &ex,
@@ -841,10 +840,7 @@ __device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t r
         k_dot4_q2_k(row, aq, ad, as, nb, n & 1, n >> 1, a);
         const float v = k_comb4(a);
         const float o = __shfl_xor_sync(~0u, v, 8); /* gate lanes get their up */
-        if ((lane & 15) == 0) {
-            h[2 * p + (lane >> 4)] = sl_emu_swiglu(v, o, ex.w, limit);
-            if (FENCE) __threadfence();
-        }
+        if ((lane & 15) == 0) h[2 * p + (lane >> 4)] = sl_emu_swiglu(v, o, ex.w, limit);
     }
     if (NG == 1)
         __syncthreads();
@@ -1415,9 +1411,11 @@ template <int LPR, int TD, int ST, int NG> struct k_down_kern<LPR, TD, ST, NG, t
  * units before its first down unit, and the grid is no larger than what fits at once.
  *
  * h's q8_1 groups: the unit that completes a group (32 / TR units; counted in s.cnt)
- * quantizes it (k_q8_lane: k_quant_h's bits) and counts it in sync[slot]; a down unit
- * waits for inter / 32 there, then copies its expert's codes and scales into the stage
- * after its rows (L1 is not coherent with other SMs' writes). Each down unit writes its
+ * quantizes it (k_q8_lane: k_quant_h's bits) and counts it in
+ * sync[slot]; a down unit waits for inter / 32 there, then copies its expert's codes and
+ * scales into shared memory (through L2: L1 is not coherent with other SMs' writes).
+ * Fences: the writers' group meets at its barrier, then one thread fences and counts
+ * (cumulative, as a grid barrier's arrival). Each down unit writes its
  * bf16-rounded rows apart (part, by slot, as k_down_pt_q3_k's part form) and counts
  * itself in its tile's counter; when the table holds every expert of the token (n_all),
  * the tile's last unit adds the slots in order, then extra: k_combine's sum, bit for
@@ -1429,15 +1427,19 @@ __device__ __forceinline__ unsigned k_ld_acquire(const unsigned *p)
     return v;
 }
 
-/* Warp 0 of a group, after the unit that wrote rows r0.. of slot's h (fenced) and the
- * group's barrier: counts the unit in its q8_1 group; the unit completing the group
- * quantizes it and counts the group in ready[slot]. */
+/* Warp 0 of a group, after the unit that wrote rows r0.. of slot's h and the group's
+ * barrier: counts the unit in its q8_1 group (lane 0's fence, after the barrier, makes
+ * the whole group's writes visible first); the unit completing the group quantizes it
+ * and counts the group in ready[slot]. */
 __device__ __forceinline__ void k_fused_h_done(const sl_kscratch &s, unsigned *ready, int slot,
                                                uint32_t r0, uint32_t inter, unsigned per, int lane)
 {
     const uint32_t g = (uint32_t)slot * (inter / 32) + r0 / 32;
     unsigned old = 0;
-    if (lane == 0) old = atomicAdd(&s.cnt[g], 1u);
+    if (lane == 0) {
+        __threadfence();
+        old = atomicAdd(&s.cnt[g], 1u);
+    }
     old = __shfl_sync(~0u, old, 0);
     if (old != per - 1) return;
     __threadfence();
@@ -1448,12 +1450,16 @@ __device__ __forceinline__ void k_fused_h_done(const sl_kscratch &s, unsigned *r
         s.hd[g] = d;
         s.cnt[g] = 0;
     }
-    __threadfence();
     __syncwarp();
-    if (lane == 0) atomicAdd(&ready[slot], 1u);
+    if (lane == 0) {
+        __threadfence();
+        atomicAdd(&ready[slot], 1u);
+    }
 }
 
-template <int NW, int TR, int ST, int NG, int TD, bool DEV>
+/* The list of each CTA: fused_plan.h (AFF: one expert's downs a CTA, so that each
+ * group copies that activation once; else round-robin, a copy into the stage each). */
+template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool DEV>
 __device__ __forceinline__ void
 k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict__ tabp,
                  const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg, uint32_t dim,
@@ -1461,6 +1467,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
 {
     static_assert(ST % NG == 0, "stages are split evenly between the groups");
     static_assert(TD * 8 == NW * 32, "a down unit: TD rows of 8 lanes, one group, one warp a sum");
+    static_assert(TD <= 32, "one warp sums a tile");
     static_assert(32 % TR == 0, "whole units make a q8_1 group");
     extern __shared__ int4 k_smem[];
     __shared__ unsigned seen; /* slots whose h this CTA saw complete */
@@ -1472,38 +1479,37 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     const uint32_t db = inter / 256 * 110, gpe = inter / 32;
     uint64_t *bar = (uint64_t *)(stage + (size_t)ST * sb);
     uint64_t *xbar = bar + ST;
-    const uint32_t tpe = inter / TR, dpe = dim / TD, grid = gridDim.x;
+    /* AFF: each group's copy of its expert's activation (codes, then scales) */
+    int8_t *gact = (int8_t *)(((uintptr_t)(xbar + 1) + 15) & ~(uintptr_t)15);
+    const uint32_t tpe = inter / TR, grid = gridDim.x;
     const int lane = threadIdx.x & 31, grp = threadIdx.x / (NW * 32),
               warp = (threadIdx.x >> 5) % NW, in = threadIdx.x % (NW * 32);
     unsigned *ready = f.sync, *done = f.sync + SL_GPU_MAX_USED, *tiles = f.sync + SL_KFUSE_TILES;
-    uint32_t gu = 0, units = 0, rot = 0; /* the list: gu gate/up units, then the downs */
+    uint32_t rot = 0; /* entry j of the list is table entry (j + rot) % n */
+    sl_fused_plan plan;
 
     auto entry = [&](uint32_t j) -> const sl_kexp & { return tab.e[(j + rot) % tab.n]; };
-    auto issue_rows = [&](uint32_t k, const sl_kexp &x, uint32_t r0) {
+    auto unit_of = [&](uint32_t k, uint32_t &j, uint32_t &x) {
+        return sl_fused_plan_unit(&plan, k, &j, &x);
+    };
+    auto issue_rows = [&](uint32_t k, const sl_kexp &e, uint32_t r0) {
         uint8_t *dst = stage + (size_t)(k % ST) * sb;
         uint64_t *b = bar + k % ST;
         k_mbar_expect(b, sb);
-        k_bulk(dst, x.gate + (size_t)r0 * rb, TR * rb, b);
-        k_bulk(dst + TR * rb, x.up + (size_t)r0 * rb, TR * rb, b);
+        k_bulk(dst, e.gate + (size_t)r0 * rb, TR * rb, b);
+        k_bulk(dst + TR * rb, e.up + (size_t)r0 * rb, TR * rb, b);
     };
     auto issue = [&](uint32_t k) { /* the CTA's k-th unit into stage k % ST */
-                                   const uint32_t u = blockIdx.x + k * grid;
-                                   if (u >= units) return;
-                                   if (u < gu) {
-                                       issue_rows(k, entry(u / tpe), (u % tpe) * TR);
-                                       return;
-                                   }
-                                   const uint32_t d = u - gu;
+                                   uint32_t j, x;
+                                   const int kind = unit_of(k, j, x);
+                                   if (kind == SL_FP_GATEUP) issue_rows(k, entry(j), x);
+                                   if (kind != SL_FP_DOWN) return;
                                    uint64_t *b = bar + k % ST;
                                    k_mbar_expect(b, TD * db);
                                    k_bulk(stage + (size_t)(k % ST) * sb,
-                                          entry(d / dpe).down + (size_t)(d % dpe) * TD * db,
-                                          TD * db, b);
+                                          entry(j).down + (size_t)x * TD * db, TD * db, b);
     };
-    if (!DEV) {
-        gu = (uint32_t)tab.n * tpe;
-        units = gu + (uint32_t)tab.n * dpe;
-    }
+    if (!DEV) sl_fused_plan_init(&plan, (uint32_t)tab.n, tpe, dim / TD, TR, grid, blockIdx.x, AFF);
     const uint32_t early = k_pipe_start<ST>(bar, ST + 1 /* and xbar */, [&](uint32_t k) {
         if (!DEV) {
             issue(k);
@@ -1516,8 +1522,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     if (DEV) {
         if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         __syncthreads();
-        gu = (uint32_t)tab.n * tpe;
-        units = gu + (uint32_t)tab.n * dpe;
+        sl_fused_plan_init(&plan, (uint32_t)tab.n, tpe, dim / TD, TR, grid, blockIdx.x, AFF);
         rot = sh_first ? (uint32_t)tab.n - 1 : 0;
         if (threadIdx.x == 0)
             for (uint32_t k = early; k < ST; k++) issue(k);
@@ -1530,57 +1535,59 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     __syncthreads();
     k_mbar_wait(xbar, 0);
 
-    for (uint32_t k = grp; blockIdx.x + k * grid < units; k += NG) {
-        const uint32_t u = blockIdx.x + k * grid;
+    int have = -1; /* AFF: the slot whose activation the group holds */
+    for (uint32_t k = grp;; k += NG) {
+        uint32_t j, x;
+        const int kind = unit_of(k, j, x);
+        if (kind == SL_FP_NONE) break;
         k_mbar_wait(bar + k % ST, (k / ST) & 1);
         const uint8_t *st = stage + (size_t)(k % ST) * sb;
         auto stage_free = [&] {
             k_fence_proxy();
             issue(k + ST);
         };
-        if (u < gu) {
-            const sl_kexp &ex = entry(u / tpe);
-            const uint32_t r0 = (u % tpe) * TR;
-            k_gateup_dp4a_unit<NW, TR, NG, true>(st, rb, nb, aq, ad, as, grp, warp, lane, ex,
-                                                 s.h + (size_t)ex.slot * inter + r0, limit,
-                                                 stage_free);
-            if (warp == 0) k_fused_h_done(s, ready, ex.slot, r0, inter, 32 / TR, lane);
+        const sl_kexp &ex = entry(j);
+        if (kind == SL_FP_GATEUP) {
+            k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane, ex,
+                                           s.h + (size_t)ex.slot * inter + x, limit, stage_free);
+            if (warp == 0) k_fused_h_done(s, ready, ex.slot, x, inter, 32 / TR, lane);
             continue;
         }
-        const uint32_t d = u - gu, t = d % dpe;
-        const int slot = entry(d / dpe).slot;
-        int8_t *hq = (int8_t *)st + TD * db; /* the expert's activation, after its rows */
+        const int slot = ex.slot;
+        const uint32_t t = x;
+        int8_t *hq = AFF ? gact + (size_t)grp * (inter + gpe * 4) : (int8_t *)st + TD * db;
         float *hd = (float *)(hq + inter);
-        if (in == 0 && !(*(volatile unsigned *)&seen >> slot & 1)) {
-            while (k_ld_acquire(&ready[slot]) < gpe) __nanosleep(64);
-            atomicOr(&seen, 1u << slot);
+        if (!AFF || have != slot) { /* wait for the expert's h, copy its q8_1 */
+            if (in == 0 && !(*(volatile unsigned *)&seen >> slot & 1)) {
+                while (k_ld_acquire(&ready[slot]) < gpe) __nanosleep(64);
+                atomicOr(&seen, 1u << slot);
+            }
+            k_group_bar<NW>(grp);
+            for (uint32_t i = in; i < inter / 16; i += NW * 32)
+                ((int4 *)hq)[i] = __ldcg((const int4 *)(s.hq + (size_t)slot * inter) + i);
+            for (uint32_t i = in; i < gpe / 4; i += NW * 32)
+                ((int4 *)hd)[i] = __ldcg((const int4 *)(s.hd + (size_t)slot * gpe) + i);
+            k_group_bar<NW>(grp);
+            have = slot;
         }
-        k_group_bar<NW>(grp);
-        for (uint32_t i = in; i < inter / 16; i += NW * 32)
-            ((int4 *)hq)[i] = __ldcg((const int4 *)(s.hq + (size_t)slot * inter) + i);
-        for (uint32_t i = in; i < gpe / 4; i += NW * 32)
-            ((int4 *)hd)[i] = __ldcg((const int4 *)(s.hd + (size_t)slot * gpe) + i);
-        k_group_bar<NW>(grp);
         const int r = in >> 3, sub = in & 7;
         const float a = k_butterfly(k_dot_q3_k<true>(st + r * db, hq, hd, inter / 256, sub), 4);
-        if (sub == 0) {
-            f.part[(size_t)slot * dim + t * TD + r] = sl_emu_bf16_round(a);
-            __threadfence();
-        }
+        if (sub == 0) f.part[(size_t)slot * dim + t * TD + r] = sl_emu_bf16_round(a);
         k_group_bar<NW>(grp);
         if (warp) continue;
         unsigned old = 0;
         if (lane == 0) {
             stage_free();
+            __threadfence(); /* after the barrier: the group's rows are visible first */
             old = atomicAdd(&tiles[t], 1u);
         }
         old = __shfl_sync(~0u, old, 0);
         if (old != (unsigned)tab.n - 1) continue;
-        if (tab.n == f.n_all) { /* every expert's rows are in: k_combine's sum */
+        if (tab.n == f.n_all && lane < TD) { /* every expert's rows are in: k_combine's sum */
             __threadfence();
             const uint32_t o = t * TD + lane;
             float v = 0.0f;
-            for (int x = 0; x < tab.n; x++) v = sl_emu_add(v, __ldcg(&f.part[(size_t)x * dim + o]));
+            for (int e = 0; e < tab.n; e++) v = sl_emu_add(v, __ldcg(&f.part[(size_t)e * dim + o]));
             if (f.extra) v = sl_emu_add(v, f.extra[o]);
             if (f.out_f32) f.out_f32[o] = v;
             if (f.out_bf16) f.out_bf16[o] = sl_emu_bf16_bits(v);
@@ -1597,18 +1604,24 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     }
 }
 
-template <int NW, int TR, int ST, int NG, int TD>
+/* Dynamic shared memory of the fused kernel (AFF: each group's activation besides). */
+inline size_t k_moe_fused_smem(uint32_t dim, uint32_t inter, int tr, int st, int ng, bool aff)
+{
+    return k_gateup_tma_smem(dim, tr, st) + (aff ? (size_t)ng * (inter + inter / 32 * 4) : 0);
+}
+
+template <int NW, int TR, int ST, int NG, int TD, bool AFF>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_moe_fused_q2q3(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                      uint32_t dim, uint32_t inter, float limit,
                      const __grid_constant__ sl_kscratch s, const __grid_constant__ sl_kfuse f)
 {
-    k_moe_fused_body<NW, TR, ST, NG, TD, false>(tab, NULL, NULL, tab.e[0], 0, ximg, dim, inter,
-                                                limit, s, f);
+    k_moe_fused_body<NW, TR, ST, NG, TD, AFF, false>(tab, NULL, NULL, tab.e[0], 0, ximg, dim, inter,
+                                                     limit, s, f);
 }
 
 /* The same with the table in device memory (k_route_select's, as k_gateup_tma_dev_q2_k). */
-template <int NW, int TR, int ST, int NG, int TD>
+template <int NW, int TR, int ST, int NG, int TD, bool AFF>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_moe_fused_dev_q2q3(const sl_ktab *__restrict__ tabp, const uint8_t *__restrict__ ximg,
                          uint32_t dim, uint32_t inter, float limit,
@@ -1616,8 +1629,8 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
                          const __grid_constant__ sl_kexp sh, int sh_first)
 {
     __shared__ sl_ktab tab;
-    k_moe_fused_body<NW, TR, ST, NG, TD, true>(tab, &tab, tabp, sh, sh_first, ximg, dim, inter,
-                                               limit, s, f);
+    k_moe_fused_body<NW, TR, ST, NG, TD, AFF, true>(tab, &tab, tabp, sh, sh_first, ximg, dim, inter,
+                                                    limit, s, f);
 }
 
 /* The combine of k_down_pt_q3_k for experts whose rows were written apart (part):

@@ -133,7 +133,10 @@ enum {
     G_T8x3_16_3,
     G_M8x2_16_4,
     G_M8_16_4,
-    G_FUSED
+    G_FUSED_8,  /* the fused layer kernel, 2 groups of 8 warps, down units round-robin */
+    G_FUSED_8A, /* ... one expert's downs a CTA */
+    G_FUSED_4,  /* 4 groups of 4 warps (TR 8, 8 stages, 16 down rows), round-robin */
+    G_FUSED_4A
 };
 enum {
     D_RUN4,
@@ -165,7 +168,14 @@ static const variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
     {"gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST1, one tile a CTA, PDL (compute, device weights)",
      G_T8x2_16_4, D_P4_8_1_1, true},
-    {"fused gate/up + down, 2x NW8 TR16 ST4, down TD32 LPR8, PDL", G_FUSED, D_FUSED, true},
+    {"fused gate/up + down, 2x NW8 TR16 ST4, down TD32 LPR8 round-robin, PDL", G_FUSED_8, D_FUSED,
+     true},
+    {"fused gate/up + down, 2x NW8 TR16 ST4, down TD32 LPR8 an expert a CTA, PDL", G_FUSED_8A,
+     D_FUSED, true},
+    {"fused gate/up + down, 4x NW4 TR8 ST8, down TD16 LPR8 round-robin, PDL", G_FUSED_4, D_FUSED,
+     true},
+    {"fused gate/up + down, 4x NW4 TR8 ST8, down TD16 LPR8 an expert a CTA, PDL", G_FUSED_4A,
+     D_FUSED, true},
     {"mma gt 2x NW8 TR16 ST4 + mma dp TD16 ST1, PDL", G_M8x2_16_4, D_M2_16_1_1, true},
     {"gt 2x NW8 TR16 ST4 + mma dp TD16 ST1, PDL", G_T8x2_16_4, D_M2_16_1_1, true},
     {"mma gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST1, PDL", G_M8x2_16_4, D_P4_8_1_1, true},
@@ -226,34 +236,37 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
 }
 
 /* The fused layer kernel (gate/up, q8_1 of h and down in one launch), after x's image. */
-template <int NW, int TR, int ST, int NG, int TD>
+template <int NW, int TR, int ST, int NG, int TD, bool AFF>
 static cudaError_t fu_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
-    const size_t smem = k_gateup_tma_smem(io->dim, TR, ST);
+    const size_t smem = k_moe_fused_smem(io->dim, io->inter, TR, ST, NG, AFF);
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
         cudaError_t rc =
-            cudaFuncSetAttribute(k_moe_fused_q2q3<NW, TR, ST, NG, TD>,
+            cudaFuncSetAttribute(k_moe_fused_q2q3<NW, TR, ST, NG, TD, AFF>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess)
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &occ, k_moe_fused_q2q3<NW, TR, ST, NG, TD>, NG * NW * 32, smem);
+                &occ, k_moe_fused_q2q3<NW, TR, ST, NG, TD, AFF>, NG * NW * 32, smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
-        printf("  [fused %dx NW %d TR %d ST %d TD %d: %d CTAs/SM, smem %zu]\n", NG, NW, TR, ST, TD,
-               occ, smem);
+        printf("  [fused %dx NW %d TR %d ST %d TD %d%s: %d CTAs/SM, smem %zu]\n", NG, NW, TR, ST,
+               TD, AFF ? " an expert a CTA" : "", occ, smem);
     }
     if (k_gu4_xbytes(io->dim) > 16384) return cudaErrorInvalidValue; /* io->ximg's size */
     cudaError_t rc =
         k_launch(k_quant_x_img, (io->dim / 32 + 7) / 8, 256, 0, 0, pdl, io->x, io->dim, io->ximg);
     if (rc != cudaSuccess) return rc;
+    /* at most what fits at once (the waits need every CTA resident); AFF: one at least
+     * for every expert */
     const uint32_t units = (uint32_t)tab.n * (io->inter / TR + io->dim / TD);
     uint32_t grid = (uint32_t)(occ * n_sm);
     if (grid > units) grid = units;
+    if (AFF && grid < (uint32_t)tab.n) return cudaErrorInvalidConfiguration;
     const sl_kfuse f = {io->sync, io->part, NULL, io->out_f32, io->out, tab.n};
-    return k_launch(k_moe_fused_q2q3<NW, TR, ST, NG, TD>, grid, NG * NW * 32, smem, 0, pdl, tab,
-                    (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s, f);
+    return k_launch(k_moe_fused_q2q3<NW, TR, ST, NG, TD, AFF>, grid, NG * NW * 32, smem, 0, pdl,
+                    tab, (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s, f);
 }
 
 template <int LPR, int TD>
@@ -388,7 +401,18 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
     sl_kscratch s = {io->h, io->hq, io->hd, io->cnt};
     const variant &V = variants[v];
     cudaError_t rc = cudaSuccess;
-    if (V.gu == G_FUSED) return fu_launch<8, 16, 4, 2, 32>(io, tab, s, n_sm, V.pdl);
+    switch (V.gu) {
+    case G_FUSED_8:
+        return fu_launch<8, 16, 4, 2, 32, false>(io, tab, s, n_sm, V.pdl);
+    case G_FUSED_8A:
+        return fu_launch<8, 16, 4, 2, 32, true>(io, tab, s, n_sm, V.pdl);
+    case G_FUSED_4:
+        return fu_launch<4, 8, 8, 4, 16, false>(io, tab, s, n_sm, V.pdl);
+    case G_FUSED_4A:
+        return fu_launch<4, 8, 8, 4, 16, true>(io, tab, s, n_sm, V.pdl);
+    default:
+        break;
+    }
     if (which != 2) {
         switch (V.gu) {
         case G_4P:
@@ -462,7 +486,7 @@ extern "C" int mb_variant_time(int v, const mb_io *io, const mb_set *sets, int n
     int dev = 0, n_sm = 0;
     CKB(cudaGetDevice(&dev));
     CKB(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    if (which && variants[v].gu == G_FUSED) { /* one launch: no parts to time apart */
+    if (which && variants[v].dn == D_FUSED) { /* one launch: no parts to time apart */
         *us = 0.0;
         return 0;
     }
