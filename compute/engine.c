@@ -28,6 +28,7 @@
 #include "quant.h"
 #include "router.h"
 #include "synth.h"
+#include "synth_route.h"
 #include "trace.h"
 
 #ifdef SL_HAVE_CUDA
@@ -137,9 +138,8 @@ struct sl_compute {
     sl_fetch_pin held[64]; /* the pins of the layer whose GPU work may still run */
     uint32_t n_held;
     uint64_t hit_t0;
-    double *zipf_cdf;    /* [n_expert] cumulative popularity of rank r (synthetic routing) */
-    uint32_t *zipf_perm; /* [n_layer][n_expert] expert of rank r in layer l */
-    uint64_t step;       /* the step being run */
+    sl_synth_route synth; /* --routing uniform | zipf: the picks' tables */
+    uint64_t step;        /* the step being run */
     /* prefetch: predicted experts of the next layer, and how the guesses fared */
     uint32_t predicted[64];
     uint32_t n_predicted;
@@ -153,8 +153,6 @@ struct sl_compute {
     stage_times t;
     uint64_t run_ns;
 };
-
-static int synthetic_routing_init(sl_compute *c, sl_err *err);
 
 /* ---------------------------------------------------------------- options */
 
@@ -777,7 +775,10 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
         goto fail;
     }
     rc = load_layers(c, err);
-    if (!rc && o->routing != SL_ROUTING_ROUTER) rc = synthetic_routing_init(c, err);
+    if (!rc && o->routing != SL_ROUTING_ROUTER)
+        rc = sl_synth_route_init(&c->synth, c->cfg.n_layer, c->cfg.n_expert, c->shape.n_used,
+                                 o->routing == SL_ROUTING_ZIPF ? o->zipf_s : 0.0, o->seed,
+                                 c->shape.route_scale / (float)c->shape.n_used, err);
     if (rc) goto fail;
     char name[SL_MODEL_TENSOR_NAME_MAX];
     sl_model_tensor_name(name, sizeof name, SL_MODEL_TENSOR_TOKEN_EMBD, 0);
@@ -934,8 +935,7 @@ void sl_compute_close(sl_compute **pc)
     free(c->x);
     free(c->y);
     free(c->experts);
-    free(c->zipf_cdf);
-    free(c->zipf_perm);
+    sl_synth_route_free(&c->synth);
     sl_expert_map_free(&c->map);
     sl_gguf_close(&c->gguf);
     free(c);
@@ -944,18 +944,10 @@ void sl_compute_close(sl_compute **pc)
 
 /* ---------------------------------------------------------------- one step */
 
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* h = the embedding row of the step's token. */
 static int embed(sl_compute *c, uint64_t step, sl_err *err)
 {
-    uint32_t token = (uint32_t)(splitmix64(c->opt.seed * 1000003u + step) % c->cfg.vocab);
+    uint32_t token = (uint32_t)(sl_splitmix64(c->opt.seed * 1000003u + step) % c->cfg.vocab);
     uint64_t row = sl_qtype_row_bytes(c->embd->type, c->cfg.dim);
     const sl_gguf_shard *sh = &c->gguf->shards[c->embd->shard];
     uint64_t off = c->embd->offset + (uint64_t)token * row;
@@ -992,60 +984,6 @@ static void bind_experts(sl_compute *c, uint32_t layer, const sl_fetch_pin *pins
     for (uint32_t i = 0; i < n; i++)
         c->experts[pins[i].expert] =
             slot_parts(c, sl_arena_slot_data(a, pins[i].slot), layer, pins[i].expert);
-}
-
-/* Tables of the synthetic routings: popularity by rank (uniform is Zipf with s = 0)
- * and a fixed random ranking of the experts of each layer. */
-static int synthetic_routing_init(sl_compute *c, sl_err *err)
-{
-    uint32_t n = c->cfg.n_expert;
-    c->zipf_cdf = malloc(sizeof(double) * n);
-    c->zipf_perm = malloc(sizeof(uint32_t) * n * c->cfg.n_layer);
-    if (!c->zipf_cdf || !c->zipf_perm) return sl_err_set(err, SL_ENOMEM, "out of memory");
-    double s = c->opt.routing == SL_ROUTING_ZIPF ? c->opt.zipf_s : 0.0, sum = 0.0;
-    for (uint32_t r = 0; r < n; r++) c->zipf_cdf[r] = sum += pow((double)r + 1.0, -s);
-    for (uint32_t r = 0; r < n; r++) c->zipf_cdf[r] /= sum;
-    for (uint32_t l = 0; l < c->cfg.n_layer; l++) {
-        uint32_t *p = c->zipf_perm + (uint64_t)l * n;
-        uint64_t state = c->opt.seed * 0x9e3779b97f4a7c15ull + l;
-        for (uint32_t r = 0; r < n; r++) p[r] = r;
-        for (uint32_t r = n - 1; r > 0; r--) {
-            state = splitmix64(state);
-            uint32_t k = (uint32_t)(state % (r + 1));
-            uint32_t t = p[r];
-            p[r] = p[k];
-            p[k] = t;
-        }
-    }
-    return 0;
-}
-
-/* Replaces the router's picks with n_used distinct experts drawn from the synthetic
- * popularity, deterministically from (seed, step, layer). */
-static void synthetic_route(sl_compute *c, uint32_t l, sl_moe_route *route)
-{
-    uint32_t n = c->cfg.n_expert, used = c->shape.n_used;
-    uint64_t state = splitmix64(c->opt.seed ^ (c->step * 0x100000001b3ull) ^ ((uint64_t)l << 48));
-    memset(route, 0, sizeof *route);
-    for (uint32_t i = 0; i < used;) {
-        state = splitmix64(state);
-        double u = (double)(state >> 11) / 9007199254740992.0;
-        uint32_t lo = 0, hi = n - 1;
-        while (lo < hi) {
-            uint32_t mid = (lo + hi) / 2;
-            if (c->zipf_cdf[mid] > u)
-                hi = mid;
-            else
-                lo = mid + 1;
-        }
-        uint32_t e = c->zipf_perm[(uint64_t)l * n + lo];
-        int dup = 0;
-        for (uint32_t k = 0; k < i; k++) dup |= route->expert[k] == e;
-        if (dup) continue;
-        route->expert[i] = e;
-        route->weight[i] = c->shape.route_scale / (float)used;
-        i++;
-    }
 }
 
 /* Adds the time since *t to part `sub` of the layer and restarts the clock. */
@@ -1106,7 +1044,7 @@ static int route_x(sl_compute *c, uint32_t l, layer_w *w, sl_moe_route *route, s
          * replace the picks (the router and the selection still run). */
         sl_moe_route forced;
         const int synth = c->opt.routing != SL_ROUTING_ROUTER;
-        if (synth) synthetic_route(c, l, &forced);
+        if (synth) sl_synth_route_pick(&c->synth, c->step, l, &forced);
         rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
         if (!rc)
             rc = sl_gpu_route_start(c->gpu, c->x_dev, w->router_dev, w->bias_dev,
@@ -1454,7 +1392,7 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     put_held(c);
     if (rc) return sl_err_prefix(err, "layer %u", l);
     if (c->opt.routing != SL_ROUTING_ROUTER && c->backend != SL_BACKEND_GPU)
-        synthetic_route(c, l, &route); /* the GPU's routing took it already */
+        sl_synth_route_pick(&c->synth, c->step, l, &route); /* the GPU's routing took it already */
     uint64_t t1 = sl_now_ns();
     rc = gather(c, l, &route, c->held, &c->n_held, err);
     if (!rc && c->opt.prefetch) {
