@@ -6,16 +6,19 @@
 #   (a) every expert in T0 (--t0-preload), (b) T0 of half the experts + T1 for the rest,
 #   steady state after --warmup steps, (c) a cold start from disk (fresh fetcher, empty
 #   arena); each with uniform routing and Zipf(1.0) popularity (compute.h); plus the
-#   warm zero-copy path (T1 read in place) for reference.
+#   warm zero-copy path (T1 read in place) for reference, and (b') (b) in the steady state
+#   under each T0 admission (--t0-admit always | freq).
 #
 # usage: bench/run-moe-e2e.sh BUILD_DIR [CHECKPOINT_DIR] [STEPS] [WARMUP] [CPUS]
 # CPUS "A,B" pins the fetcher's and the compute process's serving threads (--cpu).
-# SKIP_COLD=1 leaves out (c) (the disk reads take most of the run).
+# SKIP_COLD=1 leaves out (c) (the disk reads take most of the run). STEADY (default 400):
+# the warm-up steps of (b'), (b) in the steady state under each T0 admission.
 set -eu
 build=$1
 dir=${2:-/tmp/sluice-bench-L4}
 steps=${3:-32}
 warm=${4:-64}
+steady=${STEADY:-400}
 cpus=${5:-}
 if ! ls "$dir"/sluice-bench-L4-00001-of-*.gguf >/dev/null 2>&1; then
     "$build/bin/sluice-synth" --preset bench-L4 --out "$dir" --shards 4 --seed 1 --quiet
@@ -59,6 +62,12 @@ for routing in uniform zipf:1.0; do
         --t0-slots 1536 --t0-preload --warmup 4
     run "(b) T0 of 768 slots (50%) + T1, after $warm warm-up steps, routing $routing" \
         --routing "$routing" --t0-slots 768 --warmup "$warm"
+    # The device tier is not full yet after $warm steps of Zipf routing (bench-t0sim):
+    # the admissions differ only once it is, so these runs warm up longer.
+    for admit in always freq; do
+        run "(b') T0 of 768 slots + T1, after $steady warm-up steps, --t0-admit $admit, routing $routing" \
+            --routing "$routing" --t0-slots 768 --warmup "$steady" --t0-admit "$admit"
+    done
     run "warm T1 read in place (zero-copy), routing $routing" --routing "$routing" --zero-copy \
         --warmup 4
 done

@@ -29,6 +29,7 @@
 #include "router.h"
 #include "synth.h"
 #include "synth_route.h"
+#include "t0cache.h"
 #include "trace.h"
 
 #ifdef SL_HAVE_CUDA
@@ -52,15 +53,12 @@ typedef struct layer_w {
 } layer_w;
 
 /* The device tier: whole experts copied from T1 into device slots, with their own
- * eviction policy (common/policy.h). */
+ * eviction policy and admission (t0cache.h; keys layer * n_expert + expert). */
 typedef struct t0_tier {
     uint32_t n_slot;
     uint8_t *base; /* device memory, n_slot * slot_bytes */
     uint64_t slot_bytes;
-    sl_policy *policy;
-    uint32_t *slot_of; /* [n_layer * n_expert] T0 slot, NO_SLOT when absent */
-    uint32_t *owner;   /* [n_slot] layer * n_expert + expert, NO_SLOT when empty */
-    uint8_t *in_use;   /* [n_slot] 1 while the current layer uses it */
+    sl_t0cache cache;
 #ifdef SL_HAVE_CUDA
     /* The same table on the device, for routing there (gpu.h): an entry per (layer,
      * expert), changed in stream order by sl_gpu_t0_set; changes wait in `set` until
@@ -149,6 +147,7 @@ struct sl_compute {
     /* counters */
     uint64_t steps_done;
     uint64_t hit_shm, hit_fetcher, from_disk;
+    uint64_t t1_in_place; /* of those, read in place although there is a device tier */
     uint64_t read_us;
     stage_times t;
     uint64_t run_ns;
@@ -178,6 +177,7 @@ enum opt_id {
     OPT_T0,
     OPT_T0_BYTES,
     OPT_T0_PRELOAD,
+    OPT_T0_ADMIT,
     OPT_ZERO_COPY,
     OPT_WARMUP,
     OPT_CEILINGS,
@@ -205,6 +205,9 @@ static const sl_opt opt_table[] = {
      "device expert tier in slots; 0 = read the host arena in place"},
     {OPT_T0_PRELOAD, NULL, "--t0-preload", NULL,
      "fill the device tier with every expert it can hold before the first step"},
+    {OPT_T0_ADMIT, NULL, "--t0-admit", "HOW",
+     "always (default): every miss is copied into the device tier; freq: only one asked for "
+     "more often lately than the expert it would evict, the others are read in place"},
     {OPT_ZERO_COPY, NULL, "--zero-copy", NULL, "no device tier: kernels read the host arena"},
     {OPT_WARMUP, NULL, "--warmup", "N", "steps run before counters and clocks start (default 0)"},
     {OPT_CEILINGS, NULL, "--ceilings", "LIST",
@@ -301,6 +304,9 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
             break;
         case OPT_T0_PRELOAD:
             o->t0_preload = 1;
+            break;
+        case OPT_T0_ADMIT:
+            rc = sl_t0cache_admit_parse(v, &o->t0_admit, err);
             break;
         case OPT_WARMUP:
             rc = sl_opt_u64(a, v, 0, 1u << 30, &n, err);
@@ -547,14 +553,8 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
                       (double)t->n_slot * (double)t->slot_bytes / (1ull << 30));
         return rc;
     }
-    if (!rc) rc = sl_policy_init(&t->policy, SL_POLICY_OLDEST_RANDOM, t->n_slot, 1, err);
+    rc = sl_t0cache_init(&t->cache, t->n_slot, (uint32_t)n_ent, c->opt.t0_admit, 1, err);
     if (rc) return rc;
-    t->slot_of = malloc(n_ent * sizeof *t->slot_of);
-    t->owner = malloc(t->n_slot * sizeof *t->owner);
-    t->in_use = calloc(t->n_slot, 1);
-    if (!t->slot_of || !t->owner || !t->in_use) return sl_err_set(err, SL_ENOMEM, "out of memory");
-    for (uint64_t i = 0; i < n_ent; i++) t->slot_of[i] = NO_SLOT;
-    for (uint32_t i = 0; i < t->n_slot; i++) t->owner[i] = NO_SLOT;
     sl_gpu_t0e *zero = calloc(n_ent, sizeof *zero);
     if (!zero) return sl_err_set(err, SL_ENOMEM, "out of memory");
     rc = upload_new(c, zero, n_ent * sizeof *zero, (void **)&t->table_dev, err);
@@ -581,22 +581,14 @@ static void gpu_close(sl_compute *c)
     sl_gpu_free(c->gpu, c->h_dev);
     sl_gpu_free(c->gpu, c->t0.base);
     sl_gpu_free(c->gpu, c->t0.table_dev);
-    sl_policy_free(&c->t0.policy);
-    free(c->t0.slot_of);
-    free(c->t0.owner);
-    free(c->t0.in_use);
+    if (c->t0.n_slot) sl_t0cache_free(&c->t0.cache);
     sl_gpu_close(&c->gpu);
 }
 
 /* The T0 slot holding expert e of layer l, NO_SLOT when none (or no device tier). */
 static uint32_t t0_slot(const sl_compute *c, uint32_t l, uint32_t e)
 {
-    return c->t0.n_slot ? c->t0.slot_of[(uint64_t)l * c->cfg.n_expert + e] : NO_SLOT;
-}
-
-static int t0_busy(void *ctx, uint32_t slot)
-{
-    return ((const t0_tier *)ctx)->in_use[slot];
+    return c->t0.n_slot ? sl_t0cache_slot(&c->t0.cache, l * c->cfg.n_expert + e) : NO_SLOT;
 }
 
 #endif
@@ -681,28 +673,26 @@ static int t0_table_note(sl_compute *c, uint32_t index, sl_gpu_t0e value, sl_err
 
 /* Puts expert e of layer l (bytes at host_slot, a pinned arena slot laid out like a
  * T0 slot) into a free or evicted T0 slot with an asynchronous copy on the copy stream
- * (gpu.h); returns the slot, or NO_SLOT when every slot is in use this layer. */
+ * (gpu.h); returns the slot, or NO_SLOT when every slot is in use this layer or the
+ * admission (--t0-admit freq) leaves the expert in T1, to be read in place. */
 static uint32_t t0_fill(sl_compute *c, uint32_t l, uint32_t e, const uint8_t *host_slot, int *rc,
                         sl_err *err)
 {
     t0_tier *t = &c->t0;
-    int64_t v = sl_policy_victim(t->policy, t0_busy, t);
-    if (v < 0) return NO_SLOT;
-    uint32_t slot = (uint32_t)v;
-    if (t->owner[slot] != NO_SLOT) {
-        t->slot_of[t->owner[slot]] = NO_SLOT;
-        *rc = t0_table_note(c, t->owner[slot], (sl_gpu_t0e){NULL, NULL, NULL}, err);
+    const uint32_t key = l * c->cfg.n_expert + e;
+    uint32_t evicted;
+    const uint32_t slot = sl_t0cache_claim(&t->cache, key, &evicted);
+    if (slot == SL_T0_NONE) return NO_SLOT;
+    if (evicted != SL_T0_NONE) {
+        *rc = t0_table_note(c, evicted, (sl_gpu_t0e){NULL, NULL, NULL}, err);
         if (*rc) return NO_SLOT;
     }
-    t->owner[slot] = NO_SLOT;
     *rc =
         sl_gpu_upload_async(c->gpu, t->base + slot * t->slot_bytes, host_slot, t->slot_bytes, err);
     if (*rc) return NO_SLOT;
-    t->owner[slot] = l * c->cfg.n_expert + e;
-    t->slot_of[t->owner[slot]] = slot;
-    sl_policy_touch(t->policy, slot);
+    sl_t0cache_fill(&t->cache, slot, key);
     const sl_moe_expert_w p = slot_parts(c, t->base + slot * t->slot_bytes, l, e);
-    *rc = t0_table_note(c, t->owner[slot], (sl_gpu_t0e){p.gate, p.up, p.down}, err);
+    *rc = t0_table_note(c, key, (sl_gpu_t0e){p.gate, p.up, p.down}, err);
     return *rc ? NO_SLOT : slot;
 }
 
@@ -1102,11 +1092,12 @@ static int place(sl_compute *c, uint32_t l, uint32_t rank, uint32_t e, uint32_t 
             }
             if (rc) return rc;
             if (t != NO_SLOT) {
-                c->t0.in_use[t] = 1;
+                c->t0.cache.in_use[t] = 1;
                 c->by_rank[rank] = slot_parts(c, c->t0.base + t * c->t0.slot_bytes, l, e);
                 return 0;
             }
         }
+        if (c->t0.n_slot) c->t1_in_place++;
         c->by_rank[rank] = slot_parts(c, c->arena_dev + (host_slot - a->base), l, e);
         return 0;
     }
@@ -1154,7 +1145,8 @@ static void on_arrival(void *ctx, const uint32_t *index, const sl_fetch_pin *pin
         if (c->launched[rank]) continue;
         /* one that must first be copied into T0 comes last (below) */
         if (c->backend == SL_BACKEND_GPU && c->t0.n_slot &&
-            t0_slot(c, g->layer, g->want[index[i]]) == NO_SLOT) {
+            t0_slot(c, g->layer, g->want[index[i]]) == NO_SLOT &&
+            sl_t0cache_would_take(&c->t0.cache, g->layer * c->cfg.n_expert + g->want[index[i]])) {
             later[n_later++] = i;
             continue;
         }
@@ -1216,9 +1208,10 @@ static int gather(sl_compute *c, uint32_t l, const sl_moe_route *route, sl_fetch
                               "layer %u: the device tier's table holds expert %u, the host's "
                               "does not (out of step)",
                               l, route->expert[i]);
+        if (c->backend == SL_BACKEND_GPU && t->n_slot)
+            sl_t0cache_ask(&t->cache, l * c->cfg.n_expert + route->expert[i]);
         if (slot != NO_SLOT) {
-            t->in_use[slot] = 1;
-            sl_policy_touch(t->policy, slot);
+            sl_t0cache_hit(&t->cache, slot);
             c->by_rank[i] = slot_parts(c, t->base + slot * t->slot_bytes, l, route->expert[i]);
             c->hit_t0++;
             if (started) {
@@ -1409,7 +1402,7 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     if (!rc) rc = experts(c, w, &route, err);
 #ifdef SL_HAVE_CUDA
     /* Later fills of these slots are queued behind this layer's kernels. */
-    if (c->t0.n_slot) memset(c->t0.in_use, 0, c->t0.n_slot);
+    if (c->t0.n_slot) sl_t0cache_layer_done(&c->t0.cache);
 #endif
     if (rc) return sl_err_prefix(err, "layer %u", l);
 #ifdef SL_HAVE_CUDA
@@ -1460,7 +1453,10 @@ static int step(sl_compute *c, uint64_t s, sl_err *err)
 static void reset_counters(sl_compute *c)
 {
     c->steps_done = 0;
-    c->hit_t0 = c->hit_shm = c->hit_fetcher = c->from_disk = c->read_us = 0;
+    c->hit_t0 = c->hit_shm = c->hit_fetcher = c->from_disk = c->read_us = c->t1_in_place = 0;
+#ifdef SL_HAVE_CUDA
+    c->t0.cache.fills = c->t0.cache.refused = 0;
+#endif
     memset(&c->t, 0, sizeof c->t);
     c->pf_sent = c->pf_useful = c->pf_misses_covered = c->misses_total = 0;
 }
@@ -1503,32 +1499,33 @@ static void print_floor(sl_compute *c, FILE *out)
     double ex = (double)(c->map->part_bytes[0] + c->map->part_bytes[1] + c->map->part_bytes[2]);
     double host = (double)(c->hit_shm + c->hit_fetcher + c->from_disk) * ex * per;
     double disk = (double)c->from_disk * ex * per;
-    int in_place = 1;
+    double placed = host; /* read in place over the link; the rest is copied into T0 */
     double hbm = (double)c->hit_t0 * ex * per;
 #ifdef SL_HAVE_CUDA
-    in_place = !c->t0.n_slot;
-    if (!in_place) hbm += host; /* filled into T0, then read there */
+    if (c->t0.n_slot) placed = (double)c->t1_in_place * ex * per;
 #endif
+    hbm += host - placed; /* filled into T0, then read there */
     double shared = (double)(sl_qtype_row_bytes(c->shape.sh_gate_type, m->dim) * m->moe_inter +
                              sl_qtype_row_bytes(c->shape.sh_up_type, m->dim) * m->moe_inter +
                              sl_qtype_row_bytes(c->shape.sh_down_type, m->moe_inter) * m->dim);
     double resident = (double)m->n_layer * ((double)m->n_expert * m->dim * 2.0 + shared);
     hbm += resident;
-    double link = in_place ? g[CEIL_ZC] : g[CEIL_COPY];
     double t_hbm = g[CEIL_HBM] > 0 ? hbm / (g[CEIL_HBM] * 1e9) : 0;
-    double t_link = link > 0 ? host / (link * 1e9) : 0;
+    double t_link = (g[CEIL_COPY] > 0 ? (host - placed) / (g[CEIL_COPY] * 1e9) : 0) +
+                    (g[CEIL_ZC] > 0 ? placed / (g[CEIL_ZC] * 1e9) : 0);
     double t_disk = g[CEIL_DISK] > 0 ? disk / (g[CEIL_DISK] * 1e9) : 0;
     double floor_s = t_hbm > t_link ? t_hbm : t_link;
     if (t_disk > floor_s) floor_s = t_disk;
     double step_s = (double)c->run_ns / 1e9 * per;
     const char *bound = floor_s == t_disk ? "disk" : floor_s == t_link ? "host link" : "HBM";
     fprintf(out,
-            "  byte floor per step: HBM %.1f MB at %.0f GB/s = %.3f ms, host link %.1f MB at "
-            "%.1f GB/s (%s) = %.3f ms, disk %.1f MB at %.2f GB/s = %.3f ms\n"
+            "  byte floor per step: HBM %.1f MB at %.0f GB/s = %.3f ms, host link %.1f MB "
+            "(%.1f copied into T0 at %.1f GB/s, %.1f read in place at %.1f GB/s) = %.3f ms, disk "
+            "%.1f MB at %.2f GB/s = %.3f ms\n"
             "  step %.3f ms = %.2fx its floor of %.3f ms (%s-bound)\n",
-            hbm / 1e6, g[CEIL_HBM], t_hbm * 1e3, host / 1e6, link,
-            in_place ? "read in place" : "copied into T0", t_link * 1e3, disk / 1e6, g[CEIL_DISK],
-            t_disk * 1e3, step_s * 1e3, floor_s > 0 ? step_s / floor_s : 0.0, floor_s * 1e3, bound);
+            hbm / 1e6, g[CEIL_HBM], t_hbm * 1e3, host / 1e6, (host - placed) / 1e6, g[CEIL_COPY],
+            placed / 1e6, g[CEIL_ZC], t_link * 1e3, disk / 1e6, g[CEIL_DISK], t_disk * 1e3,
+            step_s * 1e3, floor_s > 0 ? step_s / floor_s : 0.0, floor_s * 1e3, bound);
 }
 
 void sl_compute_print_summary(sl_compute *c, FILE *out)
@@ -1574,6 +1571,14 @@ void sl_compute_print_summary(sl_compute *c, FILE *out)
             }
         fprintf(out, "\n");
     }
+#ifdef SL_HAVE_CUDA
+    if (c->t0.n_slot)
+        fprintf(out,
+                "  T0: %u slots, admission %s: %" PRIu64 " misses copied in, %" PRIu64
+                " read in place (%" PRIu64 " left out by the admission)\n",
+                c->t0.n_slot, sl_t0cache_admit_name(c->t0.cache.admit), c->t0.cache.fills,
+                c->t1_in_place, c->t0.cache.refused);
+#endif
     print_floor(c, out);
     if (c->opt.prefetch)
         fprintf(out,
