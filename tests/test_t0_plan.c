@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "compute.h"
+#include "t0cache.h"
 
 #define GIB  (1ull << 30)
 #define SLOT (12ull << 20) /* 12 MiB slots */
@@ -58,4 +59,18 @@ Test(t0_plan, flags_win)
     o = opts(a4, 6);
     cr_assert_eq(sl_compute_t0_slots(&o, 100 * GIB, 140 * GIB, 0, SLOT, 15360, &why), 0);
     cr_assert_str_eq(why, "--zero-copy");
+}
+
+Test(t0_plan, admission_is_a_flag)
+{
+    const char *dflt[] = {"c", "-m", "x"};
+    cr_assert_eq(opts(dflt, 3).t0_admit, SL_T0_ADMIT_ALWAYS);
+    const char *freq[] = {"c", "-m", "x", "--t0-admit", "freq"};
+    cr_assert_eq(opts(freq, 5).t0_admit, SL_T0_ADMIT_FREQ);
+    sl_compute_options o;
+    sl_compute_options_default(&o);
+    const char *bad[] = {"c", "-m", "x", "--t0-admit", "lfu"};
+    sl_err err = {0};
+    cr_assert_eq(sl_compute_parse_args(&o, 5, (char **)bad, NULL, &err), SL_EINVAL);
+    cr_assert(strstr(err.msg, "--t0-admit lfu"), "%s", err.msg);
 }
