@@ -1559,7 +1559,11 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
         float *hd = (float *)(hq + inter);
         if (!AFF || have != slot) { /* wait for the expert's h, copy its q8_1 */
             if (in == 0 && !(*(volatile unsigned *)&seen >> slot & 1)) {
-                while (k_ld_acquire(&ready[slot]) < gpe) __nanosleep(64);
+                /* bounded: a broken count traps (a launch error) instead of hanging */
+                for (uint32_t spin = 0; k_ld_acquire(&ready[slot]) < gpe; spin++) {
+                    if (spin > (1u << 22)) __trap(); /* seconds */
+                    __nanosleep(64);
+                }
                 atomicOr(&seen, 1u << slot);
             }
             k_group_bar<NW>(grp);
