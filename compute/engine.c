@@ -724,6 +724,7 @@ static int t0_preload(sl_compute *c, sl_err *err)
             if (!rc) rc = sl_gpu_sync(c->gpu, err);
             sl_fetch_client_put(c->client, pins, n, NULL);
         }
+    sl_t0cache_layer_done(&t->cache); /* filled, not in use by any layer yet */
     return rc;
 }
 #else
