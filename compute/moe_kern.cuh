@@ -1439,10 +1439,11 @@ __device__ __forceinline__ void k_fused_h_done(const sl_kscratch &s, unsigned *r
     if (lane == 0) {
         __threadfence();
         old = atomicAdd(&s.cnt[g], 1u);
+        __threadfence(); /* acquire: the other units' rows, before the warp reads them */
     }
     old = __shfl_sync(~0u, old, 0);
     if (old != per - 1) return;
-    __threadfence();
+    __syncwarp();
     float d;
     const int q = k_q8_lane(__ldcg(&s.h[(size_t)g * 32 + lane]), &d);
     s.hq[(size_t)g * 32 + lane] = (int8_t)q;
@@ -1471,6 +1472,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     static_assert(32 % TR == 0, "whole units make a q8_1 group");
     extern __shared__ int4 k_smem[];
     __shared__ unsigned seen; /* slots whose h this CTA saw complete */
+    __shared__ int act_ready; /* AFF: gact holds the CTA's expert's activation */
     int8_t *aq = (int8_t *)k_smem;
     float *ad = (float *)(aq + dim + dim / 8);
     int *as = (int *)(ad + dim / 32);
@@ -1479,7 +1481,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     const uint32_t db = inter / 256 * 110, gpe = inter / 32;
     uint64_t *bar = (uint64_t *)(stage + (size_t)ST * sb);
     uint64_t *xbar = bar + ST;
-    /* AFF: each group's copy of its expert's activation (codes, then scales) */
+    /* AFF: the CTA's copy of its expert's activation (codes, then scales) */
     int8_t *gact = (int8_t *)(((uintptr_t)(xbar + 1) + 15) & ~(uintptr_t)15);
     const uint32_t tpe = inter / TR, grid = gridDim.x;
     const int lane = threadIdx.x & 31, grp = threadIdx.x / (NW * 32),
@@ -1523,19 +1525,21 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
         if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         __syncthreads();
         sl_fused_plan_init(&plan, (uint32_t)tab.n, tpe, dim / TD, TR, grid, blockIdx.x, AFF);
+        if (AFF && grid < (uint32_t)tab.n) __trap(); /* an entry would have no CTA */
         rot = sh_first ? (uint32_t)tab.n - 1 : 0;
         if (threadIdx.x == 0)
             for (uint32_t k = early; k < ST; k++) issue(k);
     }
     if (threadIdx.x == 0) {
         seen = 0;
+        act_ready = 0;
         k_mbar_expect(xbar, k_gu4_xbytes(dim));
         k_bulk(aq, ximg, k_gu4_xbytes(dim), xbar);
     }
     __syncthreads();
     k_mbar_wait(xbar, 0);
 
-    int have = -1; /* AFF: the slot whose activation the group holds */
+    int have = -1; /* AFF: the slot whose activation gact holds, as this group knows */
     for (uint32_t k = grp;; k += NG) {
         uint32_t j, x;
         const int kind = unit_of(k, j, x);
@@ -1555,9 +1559,21 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
         }
         const int slot = ex.slot;
         const uint32_t t = x;
-        int8_t *hq = AFF ? gact + (size_t)grp * (inter + gpe * 4) : (int8_t *)st + TD * db;
+        int8_t *hq = AFF ? gact : (int8_t *)st + TD * db;
         float *hd = (float *)(hq + inter);
-        if (!AFF || have != slot) { /* wait for the expert's h, copy its q8_1 */
+        /* AFF: the CTA's one copy, made by the group of its first down unit (k == kg);
+         * the other groups wait for that group's flag */
+        const bool filler = !AFF || k == plan.kg;
+        if (AFF && !filler && have != slot) {
+            if (in == 0)
+                for (uint32_t spin = 0; !*(volatile int *)&act_ready; spin++) {
+                    if (spin > (1u << 24)) __trap(); /* seconds */
+                    __nanosleep(32);
+                }
+            k_group_bar<NW>(grp);
+            have = slot;
+        }
+        if (filler && (!AFF || have != slot)) { /* wait for the expert's h, copy its q8_1 */
             if (in == 0 && !(*(volatile unsigned *)&seen >> slot & 1)) {
                 /* bounded: a broken count traps (a launch error) instead of hanging */
                 for (uint32_t spin = 0; k_ld_acquire(&ready[slot]) < gpe; spin++) {
@@ -1572,6 +1588,10 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
             for (uint32_t i = in; i < gpe / 4; i += NW * 32)
                 ((int4 *)hd)[i] = __ldcg((const int4 *)(s.hd + (size_t)slot * gpe) + i);
             k_group_bar<NW>(grp);
+            if (AFF && in == 0) {
+                __threadfence_block();
+                *(volatile int *)&act_ready = 1;
+            }
             have = slot;
         }
         const int r = in >> 3, sub = in & 7;
@@ -1584,11 +1604,14 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
             stage_free();
             __threadfence(); /* after the barrier: the group's rows are visible first */
             old = atomicAdd(&tiles[t], 1u);
+            __threadfence(); /* acquire: the other experts' rows, before the warp reads them */
         }
         old = __shfl_sync(~0u, old, 0);
         if (old != (unsigned)tab.n - 1) continue;
-        if (tab.n == f.n_all && lane < TD) { /* every expert's rows are in: k_combine's sum */
-            __threadfence();
+        __syncwarp();
+        /* every expert's rows are in: k_combine's sum, over slots 0..n-1 (a full table's
+         * slots are exactly those: the routed experts by id, then the shared one) */
+        if (tab.n == f.n_all && lane < TD) {
             const uint32_t o = t * TD + lane;
             float v = 0.0f;
             for (int e = 0; e < tab.n; e++) v = sl_emu_add(v, __ldcg(&f.part[(size_t)e * dim + o]));
@@ -1608,10 +1631,17 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     }
 }
 
-/* Dynamic shared memory of the fused kernel (AFF: each group's activation besides). */
-inline size_t k_moe_fused_smem(uint32_t dim, uint32_t inter, int tr, int st, int ng, bool aff)
+/* Dynamic shared memory of the fused kernel (AFF: the CTA's activation besides). */
+inline size_t k_moe_fused_smem(uint32_t dim, uint32_t inter, int tr, int st, bool aff)
 {
-    return k_gateup_tma_smem(dim, tr, st) + (aff ? (size_t)ng * (inter + inter / 32 * 4) : 0);
+    return k_gateup_tma_smem(dim, tr, st) + (aff ? (size_t)inter + inter / 32 * 4 : 0);
+}
+
+/* Whether a down unit (TD rows, and without AFF its activation after them) fits the
+ * stage of a gate/up unit of TR rows: the launcher's check. */
+inline bool k_moe_fused_fits(uint32_t dim, uint32_t inter, int tr, int td, bool aff)
+{
+    return (size_t)td * (inter / 256 * 110) + (aff ? 0 : inter + inter / 8) <= k_gut_stage(dim, tr);
 }
 
 template <int NW, int TR, int ST, int NG, int TD, bool AFF>

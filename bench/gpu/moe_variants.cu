@@ -240,7 +240,8 @@ template <int NW, int TR, int ST, int NG, int TD, bool AFF>
 static cudaError_t fu_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
-    const size_t smem = k_moe_fused_smem(io->dim, io->inter, TR, ST, NG, AFF);
+    if (!k_moe_fused_fits(io->dim, io->inter, TR, TD, AFF)) return cudaErrorInvalidValue;
+    const size_t smem = k_moe_fused_smem(io->dim, io->inter, TR, ST, AFF);
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
         cudaError_t rc =
