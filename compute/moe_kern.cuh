@@ -652,6 +652,13 @@ __device__ __forceinline__ void k_mbar_wait(uint64_t *bar, uint32_t parity)
     } while (!ok);
 }
 
+/* One arrival on bar (release at CTA scope: this thread's and, after a barrier, its
+ * group's earlier writes are seen by whoever waits on the phase). */
+__device__ __forceinline__ void k_mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(k_sa(bar)) : "memory");
+}
+
 /* Programmatic dependent launch: wait for the previous kernel of the stream (and its
  * memory); let the next one start its prologue. Both are no-ops without PDL. */
 __device__ __forceinline__ void k_pdl_wait()
@@ -1458,9 +1465,42 @@ __device__ __forceinline__ void k_fused_h_done(const sl_kscratch &s, unsigned *r
     }
 }
 
+/* One warp, after a down unit's rows of tile t are in part (by its group's barrier or
+ * its own __syncwarp): counts the unit in the tile; the tile's last expert adds every
+ * slot's rows in order (slots 0..n-1: a full table's slots are exactly those, the
+ * routed experts by id, then the shared one), then extra, when the table holds the
+ * whole token (k_combine's sum), and zeroes the count. */
+template <int TD>
+__device__ __forceinline__ void k_fused_tile_done(const sl_kfuse &f, unsigned *tiles, uint32_t t,
+                                                  int n, uint32_t dim, int lane)
+{
+    unsigned old = 0;
+    if (lane == 0) {
+        __threadfence(); /* after the barrier: the group's rows are visible first */
+        old = atomicAdd(&tiles[t], 1u);
+        __threadfence(); /* acquire: the other experts' rows, before the warp reads them */
+    }
+    old = __shfl_sync(~0u, old, 0);
+    if (old != (unsigned)n - 1) return;
+    __syncwarp();
+    if (n == f.n_all && lane < TD) {
+        const uint32_t o = t * TD + lane;
+        float v = 0.0f;
+        for (int e = 0; e < n; e++) v = sl_emu_add(v, __ldcg(&f.part[(size_t)e * dim + o]));
+        if (f.extra) v = sl_emu_add(v, f.extra[o]);
+        if (f.out_f32) f.out_f32[o] = v;
+        if (f.out_bf16) f.out_bf16[o] = sl_emu_bf16_bits(v);
+    }
+    if (lane == 0) tiles[t] = 0;
+}
+
 /* The list of each CTA: fused_plan.h (AFF: one expert's downs a CTA, so that each
- * group copies that activation once; else round-robin, a copy into the stage each). */
-template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool DEV>
+ * group copies that activation once; else round-robin, a copy into the stage each).
+ * HELP: each group has a helper warp besides (blockDim NG * (NW + 1) * 32) that takes
+ * the unit's outputs from shared memory (two buffers a group, mbarriers full/empty) and
+ * publishes them: h with its q8_1 group count, or the down rows with the tile count and
+ * sum; so no fence, atomic or global write sits on the compute warps' path. */
+template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool HELP, bool DEV>
 __device__ __forceinline__ void
 k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict__ tabp,
                  const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg, uint32_t dim,
@@ -1470,8 +1510,12 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     static_assert(TD * 8 == NW * 32, "a down unit: TD rows of 8 lanes, one group, one warp a sum");
     static_assert(TD <= 32, "one warp sums a tile");
     static_assert(32 % TR == 0, "whole units make a q8_1 group");
+    static_assert(!HELP || NG > 1, "a helper must not be in the units' CTA-wide barrier");
     extern __shared__ int4 k_smem[];
     __shared__ unsigned seen; /* slots whose h this CTA saw complete */
+    /* HELP: each group's two output buffers and their barriers */
+    __shared__ float hbuf[HELP ? NG : 1][2][32];
+    __shared__ uint64_t hfull[HELP ? NG : 1][2], hempty[HELP ? NG : 1][2];
     __shared__ int act_ready; /* AFF: gact holds the CTA's expert's activation */
     int8_t *aq = (int8_t *)k_smem;
     float *ad = (float *)(aq + dim + dim / 8);
@@ -1512,6 +1556,12 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
                                           entry(j).down + (size_t)x * TD * db, TD * db, b);
     };
     if (!DEV) sl_fused_plan_init(&plan, (uint32_t)tab.n, tpe, dim / TD, TR, grid, blockIdx.x, AFF);
+    if (HELP && threadIdx.x == 0)
+        for (int g = 0; g < NG; g++)
+            for (int b = 0; b < 2; b++) {
+                k_mbar_init(&hfull[g][b], 1);
+                k_mbar_init(&hempty[g][b], 1);
+            }
     const uint32_t early = k_pipe_start<ST>(bar, ST + 1 /* and xbar */, [&](uint32_t k) {
         if (!DEV) {
             issue(k);
@@ -1539,8 +1589,31 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     __syncthreads();
     k_mbar_wait(xbar, 0);
 
+    if (HELP && threadIdx.x >= NG * NW * 32) { /* group hg's helper: publishes its units */
+        const int hg = (threadIdx.x - NG * NW * 32) >> 5;
+        for (uint32_t k = hg;; k += NG) {
+            uint32_t j, x;
+            const int kind = unit_of(k, j, x);
+            if (kind == SL_FP_NONE) break;
+            const uint32_t i = k / NG, b = i & 1;
+            k_mbar_wait(&hfull[hg][b], (i >> 1) & 1);
+            const float v = hbuf[hg][b][lane];
+            __syncwarp();
+            if (lane == 0) k_mbar_arrive(&hempty[hg][b]);
+            const int slot = entry(j).slot;
+            if (kind == SL_FP_GATEUP) {
+                if (lane < TR) s.h[(size_t)slot * inter + x + lane] = v;
+                __syncwarp();
+                k_fused_h_done(s, ready, slot, x, inter, 32 / TR, lane);
+            } else {
+                if (lane < TD) f.part[(size_t)slot * dim + x * TD + lane] = v;
+                __syncwarp();
+                k_fused_tile_done<TD>(f, tiles, x, tab.n, dim, lane);
+            }
+        }
+    }
     int have = -1; /* AFF: the slot whose activation gact holds, as this group knows */
-    for (uint32_t k = grp;; k += NG) {
+    for (uint32_t k = grp; !(HELP && threadIdx.x >= NG * NW * 32); k += NG) {
         uint32_t j, x;
         const int kind = unit_of(k, j, x);
         if (kind == SL_FP_NONE) break;
@@ -1551,10 +1624,17 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
             issue(k + ST);
         };
         const sl_kexp &ex = entry(j);
+        const uint32_t hb = (k / NG) & 1, hpar = ((k / NG / 2) & 1) ^ 1; /* HELP: buffer */
         if (kind == SL_FP_GATEUP) {
+            if (HELP) k_mbar_wait(&hempty[grp][hb], hpar);
             k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane, ex,
-                                           s.h + (size_t)ex.slot * inter + x, limit, stage_free);
-            if (warp == 0) k_fused_h_done(s, ready, ex.slot, x, inter, 32 / TR, lane);
+                                           HELP ? hbuf[grp][hb] : s.h + (size_t)ex.slot * inter + x,
+                                           limit, stage_free);
+            if (HELP) {
+                if (in == 0) k_mbar_arrive(&hfull[grp][hb]); /* after the unit's barrier */
+            } else if (warp == 0) {
+                k_fused_h_done(s, ready, ex.slot, x, inter, 32 / TR, lane);
+            }
             continue;
         }
         const int slot = ex.slot;
@@ -1596,30 +1676,21 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
         }
         const int r = in >> 3, sub = in & 7;
         const float a = k_butterfly(k_dot_q3_k<true>(st + r * db, hq, hd, inter / 256, sub), 4);
+        if (HELP) {
+            k_mbar_wait(&hempty[grp][hb], hpar);
+            if (sub == 0) hbuf[grp][hb][r] = sl_emu_bf16_round(a);
+            k_group_bar<NW>(grp);
+            if (in == 0) {
+                stage_free();
+                k_mbar_arrive(&hfull[grp][hb]);
+            }
+            continue;
+        }
         if (sub == 0) f.part[(size_t)slot * dim + t * TD + r] = sl_emu_bf16_round(a);
         k_group_bar<NW>(grp);
         if (warp) continue;
-        unsigned old = 0;
-        if (lane == 0) {
-            stage_free();
-            __threadfence(); /* after the barrier: the group's rows are visible first */
-            old = atomicAdd(&tiles[t], 1u);
-            __threadfence(); /* acquire: the other experts' rows, before the warp reads them */
-        }
-        old = __shfl_sync(~0u, old, 0);
-        if (old != (unsigned)tab.n - 1) continue;
-        __syncwarp();
-        /* every expert's rows are in: k_combine's sum, over slots 0..n-1 (a full table's
-         * slots are exactly those: the routed experts by id, then the shared one) */
-        if (tab.n == f.n_all && lane < TD) {
-            const uint32_t o = t * TD + lane;
-            float v = 0.0f;
-            for (int e = 0; e < tab.n; e++) v = sl_emu_add(v, __ldcg(&f.part[(size_t)e * dim + o]));
-            if (f.extra) v = sl_emu_add(v, f.extra[o]);
-            if (f.out_f32) f.out_f32[o] = v;
-            if (f.out_bf16) f.out_bf16[o] = sl_emu_bf16_bits(v);
-        }
-        if (lane == 0) tiles[t] = 0;
+        if (lane == 0) stage_free();
+        k_fused_tile_done<TD>(f, tiles, t, tab.n, dim, lane);
     }
     __syncthreads(); /* the last CTA out leaves sync zero for the next launch */
     if (threadIdx.x == 0) {
@@ -1644,27 +1715,27 @@ inline bool k_moe_fused_fits(uint32_t dim, uint32_t inter, int tr, int td, bool 
     return (size_t)td * (inter / 256 * 110) + (aff ? 0 : inter + inter / 8) <= k_gut_stage(dim, tr);
 }
 
-template <int NW, int TR, int ST, int NG, int TD, bool AFF>
-__global__ void __launch_bounds__(NG *NW * 32, 1)
+template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool HELP>
+__global__ void __launch_bounds__(NG *(NW + HELP) * 32, 1)
     k_moe_fused_q2q3(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                      uint32_t dim, uint32_t inter, float limit,
                      const __grid_constant__ sl_kscratch s, const __grid_constant__ sl_kfuse f)
 {
-    k_moe_fused_body<NW, TR, ST, NG, TD, AFF, false>(tab, NULL, NULL, tab.e[0], 0, ximg, dim, inter,
-                                                     limit, s, f);
+    k_moe_fused_body<NW, TR, ST, NG, TD, AFF, HELP, false>(tab, NULL, NULL, tab.e[0], 0, ximg, dim,
+                                                           inter, limit, s, f);
 }
 
 /* The same with the table in device memory (k_route_select's, as k_gateup_tma_dev_q2_k). */
-template <int NW, int TR, int ST, int NG, int TD, bool AFF>
-__global__ void __launch_bounds__(NG *NW * 32, 1)
+template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool HELP>
+__global__ void __launch_bounds__(NG *(NW + HELP) * 32, 1)
     k_moe_fused_dev_q2q3(const sl_ktab *__restrict__ tabp, const uint8_t *__restrict__ ximg,
                          uint32_t dim, uint32_t inter, float limit,
                          const __grid_constant__ sl_kscratch s, const __grid_constant__ sl_kfuse f,
                          const __grid_constant__ sl_kexp sh, int sh_first)
 {
     __shared__ sl_ktab tab;
-    k_moe_fused_body<NW, TR, ST, NG, TD, AFF, true>(tab, &tab, tabp, sh, sh_first, ximg, dim, inter,
-                                                    limit, s, f);
+    k_moe_fused_body<NW, TR, ST, NG, TD, AFF, HELP, true>(tab, &tab, tabp, sh, sh_first, ximg, dim,
+                                                          inter, limit, s, f);
 }
 
 /* The combine of k_down_pt_q3_k for experts whose rows were written apart (part):

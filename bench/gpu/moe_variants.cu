@@ -136,7 +136,9 @@ enum {
     G_FUSED_8,  /* the fused layer kernel, 2 groups of 8 warps, down units round-robin */
     G_FUSED_8A, /* ... one expert's downs a CTA */
     G_FUSED_4,  /* 4 groups of 4 warps (TR 8, 8 stages, 16 down rows), round-robin */
-    G_FUSED_4A
+    G_FUSED_4A,
+    G_FUSED_8AH, /* one expert's downs a CTA, a helper warp a group publishes */
+    G_FUSED_4AH
 };
 enum {
     D_RUN4,
@@ -175,6 +177,10 @@ static const variant variants[] = {
     {"fused gate/up + down, 4x NW4 TR8 ST8, down TD16 LPR8 round-robin, PDL", G_FUSED_4, D_FUSED,
      true},
     {"fused gate/up + down, 4x NW4 TR8 ST8, down TD16 LPR8 an expert a CTA, PDL", G_FUSED_4A,
+     D_FUSED, true},
+    {"fused gate/up + down, 2x (NW8 + helper) TR16 ST4, down TD32 an expert a CTA, PDL",
+     G_FUSED_8AH, D_FUSED, true},
+    {"fused gate/up + down, 4x (NW4 + helper) TR8 ST8, down TD16 an expert a CTA, PDL", G_FUSED_4AH,
      D_FUSED, true},
     {"mma gt 2x NW8 TR16 ST4 + mma dp TD16 ST1, PDL", G_M8x2_16_4, D_M2_16_1_1, true},
     {"gt 2x NW8 TR16 ST4 + mma dp TD16 ST1, PDL", G_T8x2_16_4, D_M2_16_1_1, true},
@@ -236,7 +242,7 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
 }
 
 /* The fused layer kernel (gate/up, q8_1 of h and down in one launch), after x's image. */
-template <int NW, int TR, int ST, int NG, int TD, bool AFF>
+template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool HELP = false>
 static cudaError_t fu_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
@@ -245,15 +251,15 @@ static cudaError_t fu_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
         cudaError_t rc =
-            cudaFuncSetAttribute(k_moe_fused_q2q3<NW, TR, ST, NG, TD, AFF>,
+            cudaFuncSetAttribute(k_moe_fused_q2q3<NW, TR, ST, NG, TD, AFF, HELP>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess)
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &occ, k_moe_fused_q2q3<NW, TR, ST, NG, TD, AFF>, NG * NW * 32, smem);
+                &occ, k_moe_fused_q2q3<NW, TR, ST, NG, TD, AFF, HELP>, NG * (NW + HELP) * 32, smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
-        printf("  [fused %dx NW %d TR %d ST %d TD %d%s: %d CTAs/SM, smem %zu]\n", NG, NW, TR, ST,
-               TD, AFF ? " an expert a CTA" : "", occ, smem);
+        printf("  [fused %dx NW %d%s TR %d ST %d TD %d%s: %d CTAs/SM, smem %zu]\n", NG, NW,
+               HELP ? " + helper" : "", TR, ST, TD, AFF ? " an expert a CTA" : "", occ, smem);
     }
     if (k_gu4_xbytes(io->dim) > 16384) return cudaErrorInvalidValue; /* io->ximg's size */
     cudaError_t rc =
@@ -266,8 +272,8 @@ static cudaError_t fu_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     if (grid > units) grid = units;
     if (AFF && grid < (uint32_t)tab.n) return cudaErrorInvalidConfiguration;
     const sl_kfuse f = {io->sync, io->part, NULL, io->out_f32, io->out, tab.n};
-    return k_launch(k_moe_fused_q2q3<NW, TR, ST, NG, TD, AFF>, grid, NG * NW * 32, smem, 0, pdl,
-                    tab, (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s, f);
+    return k_launch(k_moe_fused_q2q3<NW, TR, ST, NG, TD, AFF, HELP>, grid, NG * (NW + HELP) * 32,
+                    smem, 0, pdl, tab, (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s, f);
 }
 
 template <int LPR, int TD>
@@ -411,6 +417,10 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         return fu_launch<4, 8, 8, 4, 16, false>(io, tab, s, n_sm, V.pdl);
     case G_FUSED_4A:
         return fu_launch<4, 8, 8, 4, 16, true>(io, tab, s, n_sm, V.pdl);
+    case G_FUSED_8AH:
+        return fu_launch<8, 16, 4, 2, 32, true, true>(io, tab, s, n_sm, V.pdl);
+    case G_FUSED_4AH:
+        return fu_launch<4, 8, 8, 4, 16, true, true>(io, tab, s, n_sm, V.pdl);
     default:
         break;
     }
