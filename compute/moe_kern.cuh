@@ -1434,8 +1434,9 @@ __device__ __forceinline__ unsigned k_ld_acquire(const unsigned *p)
     return v;
 }
 
-/* Warp 0 of a group, after the unit that wrote rows r0.. of slot's h and the group's
- * barrier: counts the unit in its q8_1 group (lane 0's fence, after the barrier, makes
+/* One warp after the rows r0.. of slot's h are written (warp 0 of the group that wrote
+ * them, after the group's barrier; HELP: the group's helper, after its __syncwarp):
+ * counts the unit in its q8_1 group (lane 0's fence, after the barrier, makes
  * the whole group's writes visible first); the unit completing the group quantizes it
  * and counts the group in ready[slot]. */
 __device__ __forceinline__ void k_fused_h_done(const sl_kscratch &s, unsigned *ready, int slot,
@@ -1597,7 +1598,8 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
             if (kind == SL_FP_NONE) break;
             const uint32_t i = k / NG, b = i & 1;
             k_mbar_wait(&hfull[hg][b], (i >> 1) & 1);
-            const float v = hbuf[hg][b][lane];
+            const int rows = kind == SL_FP_GATEUP ? TR : TD;
+            const float v = lane < rows ? hbuf[hg][b][lane] : 0.0f;
             __syncwarp();
             if (lane == 0) k_mbar_arrive(&hempty[hg][b]);
             const int slot = entry(j).slot;

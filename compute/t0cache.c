@@ -90,8 +90,8 @@ uint32_t sl_t0cache_claim(sl_t0cache *t, uint32_t key, uint32_t *evicted)
 
 int sl_t0cache_would_take(sl_t0cache *t, uint32_t key)
 {
-    if (t->admit == SL_T0_ADMIT_ALWAYS) return 1; /* (no draw: the victims stay those of a
-                                                   * run without the question) */
+    /* no draw under `always`: the victims stay those of a run that never asks */
+    if (t->admit == SL_T0_ADMIT_ALWAYS) return 1;
     const int64_t v = sl_policy_victim(t->policy, busy, t);
     return v >= 0 && admits(t, key, (uint32_t)v);
 }
