@@ -30,6 +30,19 @@ typedef struct mb_io {
     uint16_t *out;     /* [dim] */
 } mb_io;
 
+/* A device-only all-hit layer (router, selection, fused experts), all device pointers. */
+typedef struct mb_layer {
+    uint32_t n_expert, n_used;
+    float gate_temp, route_scale, limit;
+    int norm_topk;
+    const uint16_t *router; /* [n_expert][dim] bf16 */
+    const void *t0;         /* [n_expert] sl_gpu_t0e: every expert in the device tier */
+    const void *forced;     /* [n_forced] sl_moe_route: layer i takes forced[i % n_forced] */
+    int n_forced;
+    const void *sh_gate, *sh_up, *sh_down; /* the shared expert */
+    mb_io io;                              /* x, the scratch and the outputs */
+} mb_layer;
+
 /* GB/s of a plain 16-byte read kernel over buf (device or mapped host memory). */
 int mb_read_ceiling(const void *buf, size_t bytes, int iters, double *gbps, char *msg);
 
@@ -50,6 +63,15 @@ const char *mb_variant_name(int v);
  * io->out / io->out_f32. msg[256] gets the failure. */
 int mb_variant_time(int v, const mb_io *io, const mb_set *sets, int nsets, int iters, int which,
                     double *us, char *msg);
+
+/* Whether variant v is a fused layer kernel (mb_fused_layer times it). */
+int mb_variant_fused(int v);
+
+/* Microseconds per layer of iters device-only layers back to back (router, selection,
+ * fused variant v with the shared expert, PDL between them); then layer 0 alone, its
+ * sum left in L->io.out / out_f32 and its picks (experts, weights) in *picks. */
+int mb_fused_layer(int v, const mb_layer *L, int iters, double *us, uint32_t *pick_expert,
+                   float *pick_weight, char *msg);
 
 #ifdef __cplusplus
 }

@@ -491,6 +491,115 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
     }
 }
 
+/* ---- a device-only all-hit layer: router, selection, fused experts ---- */
+
+/* Device scratch of the layer runs (logits, the selection's picks and table). */
+static float *fl_logits;
+static sl_kroute *fl_route;
+static sl_ktab *fl_tab;
+
+template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool HELP>
+static cudaError_t fl_queue(const mb_layer *L, int it, int n_sm)
+{
+    const mb_io *io = &L->io;
+    const auto kern = k_moe_fused_dev_q2q3<NW, TR, ST, NG, TD, AFF, HELP>;
+    const size_t smem = k_moe_fused_smem(io->dim, io->inter, TR, ST, AFF);
+    static int occ = 0; /* bench only: set once per instantiation */
+    if (!occ) {
+        if (!k_moe_fused_fits(io->dim, io->inter, TR, TD, AFF)) return cudaErrorInvalidValue;
+        cudaError_t rc =
+            cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc == cudaSuccess)
+            rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, NG * (NW + HELP) * 32,
+                                                               smem);
+        if (rc != cudaSuccess) return rc;
+        if (!occ) return cudaErrorInvalidConfiguration;
+    }
+    if (io->dim > 256 * 24 || L->n_expert > 1024) return cudaErrorInvalidValue;
+    cudaError_t rc =
+        k_launch(k_router_pf<4, 24>, (L->n_expert + 3) / 4, 128, sizeof(float) * io->dim, 0, true,
+                 L->router, io->x, L->n_expert, io->dim, L->gate_temp, fl_logits, io->ximg);
+    if (rc != cudaSuccess) return rc;
+    sl_kexp sh;
+    sh.gate = (const uint8_t *)L->sh_gate;
+    sh.up = (const uint8_t *)L->sh_up;
+    sh.down = (const uint8_t *)L->sh_down;
+    sh.w = 1.0f;
+    sh.slot = (int)L->n_used;
+    rc = k_launch(k_route_select, 1, (L->n_expert + 31) / 32 * 32, 0, 0, true,
+                  (const float *)fl_logits, (const float *)NULL, L->n_expert, L->n_used,
+                  L->norm_topk, L->route_scale, (const sl_gpu_t0e *)L->t0,
+                  (const sl_moe_route *)L->forced + it % L->n_forced, fl_route, fl_tab, sh, 1,
+                  (uint32_t)it + 1);
+    if (rc != cudaSuccess) return rc;
+    const sl_kscratch s = {io->h, io->hq, io->hd, io->cnt};
+    const sl_kfuse f = {io->sync, io->part, NULL, io->out_f32, io->out, (int)L->n_used + 1};
+    return k_launch(kern, (uint32_t)(occ * n_sm), NG * (NW + HELP) * 32, smem, 0, true,
+                    (const sl_ktab *)fl_tab, (const uint8_t *)io->ximg, io->dim, io->inter,
+                    L->limit, s, f, sh, 1);
+}
+
+static cudaError_t fl_one(int v, const mb_layer *L, int it, int n_sm)
+{
+    switch (variants[v].gu) {
+    case G_FUSED_8:
+        return fl_queue<8, 16, 4, 2, 32, false, false>(L, it, n_sm);
+    case G_FUSED_8A:
+        return fl_queue<8, 16, 4, 2, 32, true, false>(L, it, n_sm);
+    case G_FUSED_4:
+        return fl_queue<4, 8, 8, 4, 16, false, false>(L, it, n_sm);
+    case G_FUSED_4A:
+        return fl_queue<4, 8, 8, 4, 16, true, false>(L, it, n_sm);
+    case G_FUSED_8AH:
+        return fl_queue<8, 16, 4, 2, 32, true, true>(L, it, n_sm);
+    case G_FUSED_4AH:
+        return fl_queue<4, 8, 8, 4, 16, true, true>(L, it, n_sm);
+    default:
+        return cudaErrorInvalidValue;
+    }
+}
+
+extern "C" int mb_variant_fused(int v)
+{
+    return variants[v].dn == D_FUSED;
+}
+
+extern "C" int mb_fused_layer(int v, const mb_layer *L, int iters, double *us,
+                              uint32_t *pick_expert, float *pick_weight, char *msg)
+{
+    int dev = 0, n_sm = 0;
+    CKB(cudaGetDevice(&dev));
+    CKB(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    if (!fl_logits) {
+        CKB(cudaMalloc(&fl_logits, sizeof(float) * 1024));
+        CKB(cudaMalloc(&fl_route, sizeof *fl_route));
+        CKB(cudaMalloc(&fl_tab, sizeof *fl_tab));
+    }
+    for (int it = 0; it < 4; it++) CKB(fl_one(v, L, it, n_sm)); /* warm-up */
+    CKB(cudaDeviceSynchronize());
+    cudaEvent_t a, b;
+    CKB(cudaEventCreate(&a));
+    CKB(cudaEventCreate(&b));
+    CKB(cudaEventRecord(a));
+    for (int it = 1; it <= iters; it++) CKB(fl_one(v, L, it, n_sm));
+    CKB(cudaEventRecord(b));
+    CKB(cudaEventSynchronize(b));
+    float ms;
+    CKB(cudaEventElapsedTime(&ms, a, b));
+    *us = ms * 1e3 / iters;
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    CKB(fl_one(v, L, 0, n_sm)); /* layer 0 alone, for the caller's check */
+    CKB(cudaDeviceSynchronize());
+    sl_kroute r;
+    CKB(cudaMemcpy(&r, fl_route, sizeof r, cudaMemcpyDeviceToHost));
+    for (uint32_t k = 0; k < L->n_used; k++) {
+        pick_expert[k] = r.expert[k];
+        pick_weight[k] = r.weight[k];
+    }
+    return 0;
+}
+
 extern "C" int mb_variant_time(int v, const mb_io *io, const mb_set *sets, int nsets, int iters,
                                int which, double *us, char *msg)
 {
