@@ -62,6 +62,9 @@ struct sl_kfuse {
     float *out_f32;     /* [dim] the sum, when the kernel sums (NULL: not wanted) */
     uint16_t *out_bf16; /* [dim] the same rounded to bf16 (NULL: not wanted) */
     int n_all;          /* the token's experts: a table that holds them all is summed */
+    unsigned long long *stamps; /* NULL, or [grid][4] %globaltimer ns of each CTA's thread 0
+                                 * (bench): x landed, its group's gate/up done (its first
+                                 * down unit), that unit's h copied, the CTA's end */
 };
 
 namespace
@@ -1427,6 +1430,13 @@ template <int LPR, int TD, int ST, int NG> struct k_down_kern<LPR, TD, ST, NG, t
  * itself in its tile's counter; when the table holds every expert of the token (n_all),
  * the tile's last unit adds the slots in order, then extra: k_combine's sum, bit for
  * bit. Otherwise the rest of the token's experts follow and k_combine sums. */
+__device__ __forceinline__ unsigned long long k_globaltimer()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 __device__ __forceinline__ unsigned k_ld_acquire(const unsigned *p)
 {
     unsigned v;
@@ -1589,6 +1599,8 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     }
     __syncthreads();
     k_mbar_wait(xbar, 0);
+    unsigned long long *stamp = f.stamps ? f.stamps + 4 * (size_t)blockIdx.x : NULL;
+    if (stamp && threadIdx.x == 0) stamp[0] = k_globaltimer(), stamp[1] = stamp[2] = 0;
 
     if (HELP && threadIdx.x >= NG * NW * 32) { /* group hg's helper: publishes its units */
         const int hg = (threadIdx.x - NG * NW * 32) >> 5;
@@ -1646,6 +1658,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
         /* AFF: the CTA's one copy, made by the group of its first down unit (k == kg);
          * the other groups wait for that group's flag */
         const bool filler = !AFF || k == plan.kg;
+        if (stamp && threadIdx.x == 0 && !stamp[1]) stamp[1] = k_globaltimer();
         if (AFF && !filler && have != slot) {
             if (in == 0)
                 for (uint32_t spin = 0; !*(volatile int *)&act_ready; spin++) {
@@ -1676,6 +1689,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
             }
             have = slot;
         }
+        if (stamp && threadIdx.x == 0 && !stamp[2]) stamp[2] = k_globaltimer();
         const int r = in >> 3, sub = in & 7;
         const float a = k_butterfly(k_dot_q3_k<true>(st + r * db, hq, hd, inter / 256, sub), 4);
         if (HELP) {
@@ -1696,6 +1710,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     }
     __syncthreads(); /* the last CTA out leaves sync zero for the next launch */
     if (threadIdx.x == 0) {
+        if (stamp) stamp[3] = k_globaltimer();
         __threadfence();
         if (atomicAdd(done, 1u) == grid - 1) {
             for (int i = 0; i < SL_GPU_MAX_USED; i++) ready[i] = 0;

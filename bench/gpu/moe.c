@@ -129,6 +129,35 @@ static void forced_route(int it, sl_moe_route *r)
     for (int k = 0; k < NUSED; k++) r->weight[k] *= 1.5f / sum;
 }
 
+/* One table row of a fused launch's phases from its stamps (sl_kfuse.stamps). */
+static void fused_phases(const unsigned long long *st, const char *name, char *row, size_t cap)
+{
+    double a[1024], b[1024], d[1024];
+    int n = 0, ctas = 0;
+    unsigned long long first = ~0ull, last = 0;
+    for (int c = 0; c < 1024; c++) {
+        const unsigned long long *s = st + 4 * c;
+        if (!s[0]) continue;
+        ctas++;
+        if (s[0] < first) first = s[0];
+        if (s[3] > last) last = s[3];
+        if (!s[1] || !s[2]) continue;
+        a[n] = (double)(s[1] - s[0]) / 1e3;
+        b[n] = (double)(s[2] - s[1]) / 1e3;
+        d[n] = (double)(s[3] - s[2]) / 1e3;
+        n++;
+    }
+    if (!n) {
+        snprintf(row, cap, "| %s | - | - | - | - | %d |\n", name, ctas);
+        return;
+    }
+    qsort(a, n, sizeof *a, cmp_d);
+    qsort(b, n, sizeof *b, cmp_d);
+    qsort(d, n, sizeof *d, cmp_d);
+    snprintf(row, cap, "| %s | %.1f | %.1f | %.1f | %.1f | %d |\n", name, a[n / 2], b[n / 2],
+             d[n / 2], (double)(last - first) / 1e3, ctas);
+}
+
 int main(int argc, char **argv)
 {
     opts o = {NULL, 36, 200, 0};
@@ -243,6 +272,7 @@ int main(int argc, char **argv)
         sl_gpu_malloc(c, (void **)&io.cnt, 8 * INTER / 32 * 4, &err) ||
         sl_gpu_malloc(c, (void **)&io.sync, 4096 * 4, &err) ||
         sl_gpu_malloc(c, (void **)&io.part, 8 * DIM * 4, &err) ||
+        sl_gpu_malloc(c, (void **)&io.stamps, 1024 * 4 * 8, &err) ||
         sl_gpu_malloc(c, (void **)&io.out_f32, DIM * 4, &err) ||
         sl_gpu_malloc(c, (void **)&io.out, DIM * 2, &err))
         DIE("%s", err.msg);
@@ -271,9 +301,15 @@ int main(int argc, char **argv)
     say("| variant | gate/up us | GB/s | down us | GB/s | both us | GB/s | x ceiling | x own-size "
         "| vs emulation |\n");
     say("|---|---|---|---|---|---|---|---|---|---|\n");
+    char phases[16][160]; /* the fused variants' phases, printed after the table */
+    int n_phases = 0;
+    static unsigned long long stamps[1024 * 4];
     for (int v = 0; v < mb_variant_count(); v++) {
         double us[3];
         int failed = 0;
+        memset(stamps, 0, sizeof stamps);
+        if (mb_variant_fused(v) && sl_gpu_upload(c, io.stamps, stamps, sizeof stamps, &err))
+            DIE("%s", err.msg);
         for (int w = 0; w < 3 && !failed; w++) {
             const int which = (w + 1) % 3; /* 1, 2, 0: gate/up, down, both */
             failed = mb_variant_time(v, &io, sets, nsets, o.iters, which, &us[w], msg);
@@ -295,6 +331,19 @@ int main(int argc, char **argv)
         say("| %s | %s | %s | %.1f | %.0f | %.3f | %.3f | %s |\n", mb_variant_name(v), part[0],
             part[1], us[2], token_bytes / us[2] / 1e3, token_bytes / us[2] / 1e3 / hbm,
             token_bytes / us[2] / 1e3 / own, exact ? "bit-exact" : "DIFFERS");
+        if (mb_variant_fused(v) && n_phases < 16) {
+            if (sl_gpu_download(c, stamps, io.stamps, sizeof stamps, &err)) DIE("%s", err.msg);
+            fused_phases(stamps, mb_variant_name(v), phases[n_phases++], sizeof phases[0]);
+        }
+    }
+    if (n_phases) {
+        say("\nFused variants, the last launch on the GPU's clock (%%globaltimer of each CTA's "
+            "thread 0; medians over the CTAs whose first group has a down unit): x landed -> "
+            "that group's first down unit (its gate/up units), -> its h copied (the wait "
+            "for the expert's h), -> the CTA's end (the downs); and the launch's span, first "
+            "start to last end:\n\n| variant | gate/up us | wait for h us | downs us | span "
+            "us | CTAs |\n|---|---|---|---|---|---|\n");
+        for (int i = 0; i < n_phases; i++) say("%s", phases[i]);
     }
     say("\n(ggml-cuda MUL_MAT_ID, same token: 127 us, 606 GB/s.)\n\n");
 

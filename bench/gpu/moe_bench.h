@@ -18,16 +18,17 @@ typedef struct mb_set {
 /* Shapes, activation and scratch of the variant runs (all device pointers). */
 typedef struct mb_io {
     uint32_t dim, inter, n;
-    const uint16_t *x; /* [dim] bf16 */
-    uint8_t *ximg;     /* x quantized for the bulk-copy gate/up (k_quant_x_img), 16 KB */
-    float *h;          /* [8][inter] */
-    int8_t *hq;        /* [8][inter] */
-    float *hd;         /* [8][inter/32] */
-    unsigned *cnt;     /* [8][inter/32], zeroed */
-    unsigned *sync;    /* the fused kernel's counters (sl_kfuse), zeroed, 4096 of them */
-    float *part;       /* [8][dim] */
-    float *out_f32;    /* [dim] */
-    uint16_t *out;     /* [dim] */
+    const uint16_t *x;          /* [dim] bf16 */
+    uint8_t *ximg;              /* x quantized for the bulk-copy gate/up (k_quant_x_img), 16 KB */
+    float *h;                   /* [8][inter] */
+    int8_t *hq;                 /* [8][inter] */
+    float *hd;                  /* [8][inter/32] */
+    unsigned *cnt;              /* [8][inter/32], zeroed */
+    unsigned *sync;             /* the fused kernel's counters (sl_kfuse), zeroed, 4096 of them */
+    float *part;                /* [8][dim] */
+    unsigned long long *stamps; /* [1024][4]: the fused kernel's phase stamps (sl_kfuse) */
+    float *out_f32;             /* [dim] */
+    uint16_t *out;              /* [dim] */
 } mb_io;
 
 /* A device-only all-hit layer (router, selection, fused experts), all device pointers. */

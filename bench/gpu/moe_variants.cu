@@ -271,7 +271,7 @@ static cudaError_t fu_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     uint32_t grid = (uint32_t)(occ * n_sm);
     if (grid > units) grid = units;
     if (AFF && grid < (uint32_t)tab.n) return cudaErrorInvalidConfiguration;
-    const sl_kfuse f = {io->sync, io->part, NULL, io->out_f32, io->out, tab.n};
+    const sl_kfuse f = {io->sync, io->part, NULL, io->out_f32, io->out, tab.n, io->stamps};
     return k_launch(k_moe_fused_q2q3<NW, TR, ST, NG, TD, AFF, HELP>, grid, NG * (NW + HELP) * 32,
                     smem, 0, pdl, tab, (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s, f);
 }
@@ -533,7 +533,8 @@ static cudaError_t fl_queue(const mb_layer *L, int it, int n_sm)
                   (uint32_t)it + 1);
     if (rc != cudaSuccess) return rc;
     const sl_kscratch s = {io->h, io->hq, io->hd, io->cnt};
-    const sl_kfuse f = {io->sync, io->part, NULL, io->out_f32, io->out, (int)L->n_used + 1};
+    const sl_kfuse f = {io->sync, io->part,           NULL,      io->out_f32,
+                        io->out,  (int)L->n_used + 1, io->stamps};
     return k_launch(kern, (uint32_t)(occ * n_sm), NG * (NW + HELP) * 32, smem, 0, true,
                     (const sl_ktab *)fl_tab, (const uint8_t *)io->ximg, io->dim, io->inter,
                     L->limit, s, f, sh, 1);
