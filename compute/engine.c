@@ -642,7 +642,10 @@ static void print_plan(sl_compute *c, FILE *f)
                 "  GPU left      %.1f GiB\n",
                 gib(p->gpu_total), gib(p->resident), gib(p->gpu_free), c->t0.n_slot, gib(t0),
                 100.0 * (double)c->t0.n_slot / (double)n_ent, p->t0_why,
-                c->t0.n_slot ? "" : "; kernels read T1 in place (zero-copy)",
+                c->t0.n_slot ? (c->opt.t0_admit == SL_T0_ADMIT_FREQ
+                                    ? "; admission freq: a miss may be read in place"
+                                    : "")
+                             : "; kernels read T1 in place (zero-copy)",
                 gib(p->gpu_free > t0 ? p->gpu_free - t0 : 0));
     }
 #endif
