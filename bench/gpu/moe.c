@@ -158,6 +158,59 @@ static void fused_phases(const unsigned long long *st, const char *name, char *r
              d[n / 2], (double)(last - first) / 1e3, ctas);
 }
 
+/* What a row of the routed-experts table needs. */
+typedef struct routed_ctx {
+    sl_gpu_ctx *c;
+    const mb_io *io;
+    const mb_set *sets;
+    int nsets, iters;
+    double hbm, own, token_bytes;
+    size_t bg, bd;
+    const float *want; /* the emulation's output of set 0 */
+} routed_ctx;
+
+/* Times variant v on one token's experts and prints its row; with phases (a fused
+ * variant), its phase row too. A variant that fails is reported and skipped. */
+static void routed_row(const routed_ctx *r, int v, char *phases)
+{
+    static unsigned long long stamps[1024 * 4];
+    static float got[DIM];
+    char msg[256];
+    sl_err err = {0};
+    double us[3];
+    int failed = 0;
+    if (phases) {
+        memset(stamps, 0, sizeof stamps);
+        if (sl_gpu_upload(r->c, r->io->stamps, stamps, sizeof stamps, &err)) DIE("%s", err.msg);
+    }
+    for (int w = 0; w < 3 && !failed; w++) {
+        const int which = (w + 1) % 3; /* 1, 2, 0: gate/up, down, both */
+        failed = mb_variant_time(v, r->io, r->sets, r->nsets, r->iters, which, &us[w], msg);
+    }
+    if (failed) { /* e.g. a configuration that does not fit this GPU: say so, go on */
+        say("| %s | failed: %s | | | | | | | | |\n", mb_variant_name(v), msg);
+        if (phases) phases[0] = '\0';
+        return;
+    }
+    if (sl_gpu_download(r->c, got, r->io->out_f32, sizeof got, &err)) DIE("%s", err.msg);
+    const int exact = !memcmp(got, r->want, sizeof got);
+    const double gu_b = (double)NUSED * 2 * r->bg, dn_b = (double)NUSED * r->bd;
+    char part[2][48];
+    for (int w = 0; w < 2; w++)
+        if (us[w] > 0)
+            snprintf(part[w], sizeof part[w], "%.1f | %.0f", us[w],
+                     (w ? dn_b : gu_b) / us[w] / 1e3);
+        else
+            snprintf(part[w], sizeof part[w], "- | -");
+    const double gbs = r->token_bytes / us[2] / 1e3;
+    say("| %s | %s | %s | %.1f | %.0f | %.3f | %.3f | %s |\n", mb_variant_name(v), part[0], part[1],
+        us[2], gbs, gbs / r->hbm, gbs / r->own, exact ? "bit-exact" : "DIFFERS");
+    if (phases) {
+        if (sl_gpu_download(r->c, stamps, r->io->stamps, sizeof stamps, &err)) DIE("%s", err.msg);
+        fused_phases(stamps, mb_variant_name(v), phases, 160);
+    }
+}
+
 int main(int argc, char **argv)
 {
     opts o = {NULL, 36, 200, 0};
@@ -301,50 +354,11 @@ int main(int argc, char **argv)
     say("| variant | gate/up us | GB/s | down us | GB/s | both us | GB/s | x ceiling | x own-size "
         "| vs emulation |\n");
     say("|---|---|---|---|---|---|---|---|---|---|\n");
-    char phases[16][160]; /* the fused variants' phases, printed after the table */
-    int n_phases = 0;
-    static unsigned long long stamps[1024 * 4];
-    for (int v = 0; v < mb_variant_count(); v++) {
-        double us[3];
-        int failed = 0;
-        memset(stamps, 0, sizeof stamps);
-        if (mb_variant_fused(v) && sl_gpu_upload(c, io.stamps, stamps, sizeof stamps, &err))
-            DIE("%s", err.msg);
-        for (int w = 0; w < 3 && !failed; w++) {
-            const int which = (w + 1) % 3; /* 1, 2, 0: gate/up, down, both */
-            failed = mb_variant_time(v, &io, sets, nsets, o.iters, which, &us[w], msg);
-        }
-        if (failed) { /* e.g. a configuration that does not fit this GPU: say so, go on */
-            say("| %s | failed: %s | | | | | | | | |\n", mb_variant_name(v), msg);
-            continue;
-        }
-        if (sl_gpu_download(c, got, io.out_f32, sizeof got, &err)) DIE("%s", err.msg);
-        const int exact = !memcmp(got, want, sizeof got);
-        const double gu_b = (double)NUSED * 2 * bg, dn_b = (double)NUSED * bd;
-        char part[2][48];
-        for (int w = 0; w < 2; w++)
-            if (us[w] > 0)
-                snprintf(part[w], sizeof part[w], "%.1f | %.0f", us[w],
-                         (w ? dn_b : gu_b) / us[w] / 1e3);
-            else
-                snprintf(part[w], sizeof part[w], "- | -");
-        say("| %s | %s | %s | %.1f | %.0f | %.3f | %.3f | %s |\n", mb_variant_name(v), part[0],
-            part[1], us[2], token_bytes / us[2] / 1e3, token_bytes / us[2] / 1e3 / hbm,
-            token_bytes / us[2] / 1e3 / own, exact ? "bit-exact" : "DIFFERS");
-        if (mb_variant_fused(v) && n_phases < 16) {
-            if (sl_gpu_download(c, stamps, io.stamps, sizeof stamps, &err)) DIE("%s", err.msg);
-            fused_phases(stamps, mb_variant_name(v), phases[n_phases++], sizeof phases[0]);
-        }
-    }
-    if (n_phases) {
-        say("\nFused variants, the last launch on the GPU's clock (%%globaltimer of each CTA's "
-            "thread 0; medians over the CTAs whose first group has a down unit): x landed -> "
-            "that group's first down unit (its gate/up units), -> its h copied (the wait "
-            "for the expert's h), -> the CTA's end (the downs); and the launch's span, first "
-            "start to last end:\n\n| variant | gate/up us | wait for h us | downs us | span "
-            "us | CTAs |\n|---|---|---|---|---|---|\n");
-        for (int i = 0; i < n_phases; i++) say("%s", phases[i]);
-    }
+    /* the fused kernels come last (their own section at the end): a broken one traps,
+     * and a trapped context ends the run */
+    const routed_ctx rc_ = {c, &io, sets, nsets, o.iters, hbm, own, token_bytes, bg, bd, want};
+    for (int v = 0; v < mb_variant_count(); v++)
+        if (!mb_variant_fused(v)) routed_row(&rc_, v, NULL);
     say("\n(ggml-cuda MUL_MAT_ID, same token: 127 us, 606 GB/s.)\n\n");
 
     /* the compute variant over 1..6 experts a launch: the slope is the steady cost of one
@@ -593,6 +607,28 @@ int main(int argc, char **argv)
                 ta[nl / 2], tf[nl / 2], tl[nl / 2 + 1]);
         }
         say("\n");
+        /* The fused layer kernel (the sandbox's candidate), last: the routed experts of
+         * one token as in the first table, each launch's phases, then whole device-only
+         * layers. */
+        say("## The fused layer kernel: gate/up, q8_1 of h and down in one launch\n\n"
+            "Routed experts, one token, as in the first table:\n\n| variant | gate/up us | "
+            "GB/s | down us | GB/s | both us | GB/s | x ceiling | x own-size | vs emulation "
+            "|\n|---|---|---|---|---|---|---|---|---|---|\n");
+        {
+            char phases[16][160];
+            int n_phases = 0;
+            for (int v = 0; v < mb_variant_count(); v++)
+                if (mb_variant_fused(v) && n_phases < 16) routed_row(&rc_, v, phases[n_phases++]);
+            say("\nEach variant's last launch on the GPU's clock (%%globaltimer of each CTA's "
+                "thread 0; medians over the CTAs whose first group has a down unit): x landed "
+                "-> that group's first down unit (its gate/up units), -> its h copied (the "
+                "wait for the expert's h), -> the CTA's end (the downs); and the launch's "
+                "span, first start to last end:\n\n| variant | gate/up us | wait for h us | "
+                "downs us | span us | CTAs |\n|---|---|---|---|---|---|\n");
+            for (int i = 0; i < n_phases; i++)
+                if (phases[i][0]) say("%s", phases[i]);
+            say("\n");
+        }
         /* The fused layer kernel, device only: router + selection + one launch for the
          * experts (the shared one with them), layers back to back, nothing on the host
          * between them; checked against the emulation of layer 0's picks. */
