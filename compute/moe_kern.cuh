@@ -793,6 +793,45 @@ __host__ __device__ inline uint32_t k_gut_stage(uint32_t dim, int tr)
     return 2u * (uint32_t)tr * (dim / 256 * 84);
 }
 
+/* Queues TR rows of gate and TR of up of expert x from row r0 (rb bytes a row) into the
+ * stage at dst, gate's first, completing on b. */
+template <int TR>
+__device__ __forceinline__ void k_issue_gu_rows(uint8_t *dst, uint64_t *b, const sl_kexp &x,
+                                                uint32_t r0, uint32_t rb)
+{
+    k_mbar_expect(b, 2 * TR * rb);
+    k_bulk(dst, x.gate + (size_t)r0 * rb, TR * rb, b);
+    k_bulk(dst + TR * rb, x.up + (size_t)r0 * rb, TR * rb, b);
+}
+
+/* The start of a gate/up pipeline (k_pipe_start over nbar barriers): without DEV,
+ * queue(k) for the first ST units; with DEV (the table comes from the kernel before),
+ * only the shared expert's units among them, when it takes the first tpe units
+ * (sh_first), through shared(k, r0). Returns, in thread 0, the stages queued. */
+template <int ST, int TR, bool DEV, typename Q, typename S>
+__device__ __forceinline__ uint32_t k_gu_pipe_start(uint64_t *bar, int nbar, int sh_first,
+                                                    uint32_t tpe, Q &&queue, S &&shared)
+{
+    const uint32_t grid = gridDim.x;
+    return k_pipe_start<ST>(bar, nbar, [&](uint32_t k) {
+        if (!DEV) {
+            queue(k);
+            return true;
+        }
+        if (!sh_first || blockIdx.x + k * grid >= tpe) return false;
+        shared(k, (blockIdx.x + k * grid) * TR);
+        return true;
+    });
+}
+
+/* Thread 0: the bulk copy of x's image (k_quant_x_img's bytes) into aq, on xbar. */
+__device__ __forceinline__ void k_ximg_load(void *aq, const uint8_t *ximg, uint32_t dim,
+                                            uint64_t *xbar)
+{
+    k_mbar_expect(xbar, k_gu4_xbytes(dim));
+    k_bulk(aq, ximg, k_gu4_xbytes(dim), xbar);
+}
+
 /* The group's named barrier (id 0 is __syncthreads'). */
 template <int NW> __device__ __forceinline__ void k_group_bar(int grp)
 {
@@ -893,11 +932,7 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
 
     /* queues rows r0.. of expert x into stage k % ST */
     auto issue_rows = [&](uint32_t k, const sl_kexp &x, uint32_t r0) {
-        uint8_t *dst = stage + (size_t)(k % ST) * sb;
-        uint64_t *b = bar + k % ST;
-        k_mbar_expect(b, sb);
-        k_bulk(dst, x.gate + (size_t)r0 * rb, TR * rb, b);
-        k_bulk(dst + TR * rb, x.up + (size_t)r0 * rb, TR * rb, b);
+        k_issue_gu_rows<TR>(stage + (size_t)(k % ST) * sb, bar + k % ST, x, r0, rb);
     };
     auto issue = [&](uint32_t k) { /* the CTA's k-th unit into stage k % ST */
                                    const uint32_t u = blockIdx.x + k * grid;
@@ -913,15 +948,10 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
      * known at launch, takes the first units when sh_first, so its first stages load
      * while the selection runs. */
     if (!DEV) units = (uint32_t)tab.n * tpe;
-    const uint32_t early = k_pipe_start<ST>(bar, ST + 1 /* and xbar */, [&](uint32_t k) {
-        if (!DEV) {
-            issue(k);
-            return true;
-        }
-        if (!sh_first || blockIdx.x + k * grid >= tpe) return false;
-        issue_rows(k, sh, (blockIdx.x + k * grid) * TR);
-        return true;
-    }); /* ... which waits for k_quant_x_img (or the router, or the selection) */
+    const uint32_t early =
+        k_gu_pipe_start<ST, TR, DEV>(bar, ST + 1 /* and xbar */, sh_first, tpe, issue,
+                                     [&](uint32_t k, uint32_t r0) { issue_rows(k, sh, r0); });
+    /* ... which waits for k_quant_x_img (or the router, or the selection) */
     if (DEV) {
         if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         __syncthreads();
@@ -933,8 +963,7 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
     }
     if (threadIdx.x == 0) {
         if (MMA) *(int4 *)zero = make_int4(0, 0, 0, 0);
-        k_mbar_expect(xbar, k_gu4_xbytes(dim));
-        k_bulk(aq, ximg, k_gu4_xbytes(dim), xbar);
+        k_ximg_load(aq, ximg, dim, xbar);
     }
     __syncthreads(); /* the barriers' inits (non-DEV: the only CTA barrier before the
                       * waits on them) and the zero bytes */
@@ -1550,11 +1579,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
         return sl_fused_plan_unit(&plan, k, &j, &x);
     };
     auto issue_rows = [&](uint32_t k, const sl_kexp &e, uint32_t r0) {
-        uint8_t *dst = stage + (size_t)(k % ST) * sb;
-        uint64_t *b = bar + k % ST;
-        k_mbar_expect(b, sb);
-        k_bulk(dst, e.gate + (size_t)r0 * rb, TR * rb, b);
-        k_bulk(dst + TR * rb, e.up + (size_t)r0 * rb, TR * rb, b);
+        k_issue_gu_rows<TR>(stage + (size_t)(k % ST) * sb, bar + k % ST, e, r0, rb);
     };
     auto issue = [&](uint32_t k) { /* the CTA's k-th unit into stage k % ST */
                                    uint32_t j, x;
@@ -1573,15 +1598,9 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
                 k_mbar_init(&hfull[g][b], 1);
                 k_mbar_init(&hempty[g][b], 1);
             }
-    const uint32_t early = k_pipe_start<ST>(bar, ST + 1 /* and xbar */, [&](uint32_t k) {
-        if (!DEV) {
-            issue(k);
-            return true;
-        }
-        if (!sh_first || blockIdx.x + k * grid >= tpe) return false;
-        issue_rows(k, sh, (blockIdx.x + k * grid) * TR);
-        return true;
-    });
+    const uint32_t early =
+        k_gu_pipe_start<ST, TR, DEV>(bar, ST + 1 /* and xbar */, sh_first, tpe, issue,
+                                     [&](uint32_t k, uint32_t r0) { issue_rows(k, sh, r0); });
     if (DEV) {
         if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         __syncthreads();
@@ -1594,8 +1613,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     if (threadIdx.x == 0) {
         seen = 0;
         act_ready = 0;
-        k_mbar_expect(xbar, k_gu4_xbytes(dim));
-        k_bulk(aq, ximg, k_gu4_xbytes(dim), xbar);
+        k_ximg_load(aq, ximg, dim, xbar);
     }
     __syncthreads();
     k_mbar_wait(xbar, 0);
