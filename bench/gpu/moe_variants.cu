@@ -21,6 +21,37 @@
         }                                                                                          \
     } while (0)
 
+/* The current device's SM count. */
+static cudaError_t sm_count(int *n_sm)
+{
+    int dev = 0;
+    cudaError_t rc = cudaGetDevice(&dev);
+    return rc != cudaSuccess ? rc
+                             : cudaDeviceGetAttribute(n_sm, cudaDevAttrMultiProcessorCount, dev);
+}
+
+/* Milliseconds between two events around queue(0), ..., queue(n - 1), each queueing work
+ * on the default stream and returning its error; the first failure is returned. */
+template <typename F> static cudaError_t time_launches(int n, float *ms, F &&queue)
+{
+    cudaEvent_t a, b;
+    cudaError_t rc = cudaEventCreate(&a);
+    if (rc != cudaSuccess) return rc;
+    rc = cudaEventCreate(&b);
+    if (rc != cudaSuccess) {
+        cudaEventDestroy(a);
+        return rc;
+    }
+    rc = cudaEventRecord(a);
+    for (int i = 0; i < n && rc == cudaSuccess; i++) rc = queue(i);
+    if (rc == cudaSuccess) rc = cudaEventRecord(b);
+    if (rc == cudaSuccess) rc = cudaEventSynchronize(b);
+    if (rc == cudaSuccess) rc = cudaEventElapsedTime(ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return rc;
+}
+
 __global__ void k_read_ceiling(const int4 *__restrict__ p, size_t n, int *sink)
 {
     int acc = 0;
@@ -41,28 +72,20 @@ __global__ void k_read_ceiling(const int4 *__restrict__ p, size_t n, int *sink)
 
 extern "C" int mb_read_ceiling(const void *buf, size_t bytes, int iters, double *gbps, char *msg)
 {
-    int dev = 0, n_sm = 0;
-    CKB(cudaGetDevice(&dev));
-    CKB(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    int n_sm = 0;
+    CKB(sm_count(&n_sm));
     int *sink;
     CKB(cudaMalloc(&sink, 4));
-    cudaEvent_t a, b;
-    CKB(cudaEventCreate(&a));
-    CKB(cudaEventCreate(&b));
     double best = 1e30;
     for (int it = 0; it < iters; it++) {
-        CKB(cudaEventRecord(a));
-        k_read_ceiling<<<n_sm * 8, 256>>>((const int4 *)buf, bytes / 16, sink);
-        CKB(cudaGetLastError());
-        CKB(cudaEventRecord(b));
-        CKB(cudaEventSynchronize(b));
         float ms;
-        CKB(cudaEventElapsedTime(&ms, a, b));
+        CKB(time_launches(1, &ms, [&](int) {
+            k_read_ceiling<<<n_sm * 8, 256>>>((const int4 *)buf, bytes / 16, sink);
+            return cudaGetLastError();
+        }));
         if (it > 0 && ms < best) best = ms; /* the first run warms up */
     }
     *gbps = (double)bytes / (best * 1e-3) / 1e9;
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
     cudaFree(sink);
     return 0;
 }
@@ -89,27 +112,18 @@ __global__ void k_read_set(const __grid_constant__ mb_set set, int n, size_t cg,
 extern "C" int mb_read_sets(const mb_set *sets, int nsets, int n, size_t gate_bytes,
                             size_t down_bytes, int iters, double *gbps, char *msg)
 {
-    int dev = 0, n_sm = 0;
-    CKB(cudaGetDevice(&dev));
-    CKB(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    int n_sm = 0;
+    CKB(sm_count(&n_sm));
     int *sink;
     CKB(cudaMalloc(&sink, 4));
-    cudaEvent_t a, b;
-    CKB(cudaEventCreate(&a));
-    CKB(cudaEventCreate(&b));
     const size_t cg = gate_bytes / 16, cd = down_bytes / 16;
     k_read_set<<<n_sm * 8, 256>>>(sets[0], n, cg, cd, sink);
-    CKB(cudaEventRecord(a));
-    for (int it = 0; it < iters; it++)
-        k_read_set<<<n_sm * 8, 256>>>(sets[(it + 1) % nsets], n, cg, cd, sink);
-    CKB(cudaGetLastError());
-    CKB(cudaEventRecord(b));
-    CKB(cudaEventSynchronize(b));
     float ms;
-    CKB(cudaEventElapsedTime(&ms, a, b));
+    CKB(time_launches(iters, &ms, [&](int it) {
+        k_read_set<<<n_sm * 8, 256>>>(sets[(it + 1) % nsets], n, cg, cd, sink);
+        return cudaGetLastError();
+    }));
     *gbps = (double)((2 * cg + cd) * 16 * n) * iters / (ms * 1e-3) / 1e9;
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
     cudaFree(sink);
     return 0;
 }
@@ -568,9 +582,8 @@ extern "C" int mb_variant_fused(int v)
 extern "C" int mb_fused_layer(int v, const mb_layer *L, int iters, double *us,
                               uint32_t *pick_expert, float *pick_weight, char *msg)
 {
-    int dev = 0, n_sm = 0;
-    CKB(cudaGetDevice(&dev));
-    CKB(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    int n_sm = 0;
+    CKB(sm_count(&n_sm));
     if (!fl_logits) {
         CKB(cudaMalloc(&fl_logits, sizeof(float) * 1024));
         CKB(cudaMalloc(&fl_route, sizeof *fl_route));
@@ -578,18 +591,9 @@ extern "C" int mb_fused_layer(int v, const mb_layer *L, int iters, double *us,
     }
     for (int it = 0; it < 4; it++) CKB(fl_one(v, L, it, n_sm)); /* warm-up */
     CKB(cudaDeviceSynchronize());
-    cudaEvent_t a, b;
-    CKB(cudaEventCreate(&a));
-    CKB(cudaEventCreate(&b));
-    CKB(cudaEventRecord(a));
-    for (int it = 1; it <= iters; it++) CKB(fl_one(v, L, it, n_sm));
-    CKB(cudaEventRecord(b));
-    CKB(cudaEventSynchronize(b));
     float ms;
-    CKB(cudaEventElapsedTime(&ms, a, b));
+    CKB(time_launches(iters, &ms, [&](int it) { return fl_one(v, L, it + 1, n_sm); }));
     *us = ms * 1e3 / iters;
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
     CKB(fl_one(v, L, 0, n_sm)); /* layer 0 alone, for the caller's check */
     CKB(cudaDeviceSynchronize());
     sl_kroute r;
@@ -604,27 +608,18 @@ extern "C" int mb_fused_layer(int v, const mb_layer *L, int iters, double *us,
 extern "C" int mb_variant_time(int v, const mb_io *io, const mb_set *sets, int nsets, int iters,
                                int which, double *us, char *msg)
 {
-    int dev = 0, n_sm = 0;
-    CKB(cudaGetDevice(&dev));
-    CKB(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    if (which && variants[v].dn == D_FUSED) { /* one launch: no parts to time apart */
+    int n_sm = 0;
+    CKB(sm_count(&n_sm));
+    if (which && mb_variant_fused(v)) { /* one launch: no parts to time apart */
         *us = 0.0;
         return 0;
     }
     CKB(run_one(v, io, &sets[0], which, n_sm)); /* warm-up (and the correctness run) */
     CKB(cudaDeviceSynchronize());
-    cudaEvent_t a, b;
-    CKB(cudaEventCreate(&a));
-    CKB(cudaEventCreate(&b));
-    CKB(cudaEventRecord(a));
-    for (int it = 0; it < iters; it++) CKB(run_one(v, io, &sets[(it + 1) % nsets], which, n_sm));
-    CKB(cudaEventRecord(b));
-    CKB(cudaEventSynchronize(b));
     float ms;
-    CKB(cudaEventElapsedTime(&ms, a, b));
+    CKB(time_launches(
+        iters, &ms, [&](int it) { return run_one(v, io, &sets[(it + 1) % nsets], which, n_sm); }));
     *us = ms * 1e3 / iters;
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
     /* leave set 0's result in io->out for the caller's check */
     CKB(run_one(v, io, &sets[0], 0, n_sm));
     CKB(cudaDeviceSynchronize());
