@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "opts.h"
 #include "synth_route.h"
 #include "t0cache.h"
 
@@ -90,48 +91,52 @@ static sim_result run(const sim_opts *o, double zipf_s, int admit)
     return res;
 }
 
-static uint32_t num(const char *v, const char *what)
-{
-    char *end;
-    unsigned long x = strtoul(v, &end, 10);
-    if (*end || !*v || x == 0 || x > (1ul << 30)) {
-        fprintf(stderr, "bench-t0sim: %s %s: expected a positive number\n", what, v);
-        exit(2);
-    }
-    return (uint32_t)x;
-}
+enum { T_LAYERS, T_EXPERTS, T_USED, T_SLOTS, T_WARMUP, T_STEPS, T_SEED, T_OUT, T_HELP };
+
+static const sl_opt table[] = {
+    {T_LAYERS, NULL, "--layers", "N", "layers (default 4, bench-L4)"},
+    {T_EXPERTS, NULL, "--experts", "N", "experts a layer (default 384)"},
+    {T_USED, NULL, "--used", "N", "picks a layer (default 6)"},
+    {T_SLOTS, NULL, "--slots", "N", "device tier slots (default 768, half of bench-L4)"},
+    {T_WARMUP, NULL, "--warmup", "N", "steps before the counting starts (default 64)"},
+    {T_STEPS, NULL, "--steps", "N", "steps counted (default 32)"},
+    {T_SEED, NULL, "--seed", "N", "seed of the routings (default 7, as run-moe-e2e.sh)"},
+    {T_OUT, NULL, "--out", "FILE", "write the table to FILE instead of stdout"},
+    {T_HELP, "-h", "--help", NULL, "this help"},
+};
 
 int main(int argc, char **argv)
 {
     /* the defaults are run (b) of bench/run-moe-e2e.sh on bench-L4 */
     sim_opts o = {4, 384, 6, 768, 64, 32, 7, NULL};
+    uint32_t *const count[] = {&o.layers, &o.experts, &o.used, &o.slots, &o.warmup, &o.steps};
+    const size_t n_opt = sizeof table / sizeof *table;
     for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(argv[i], "--layers") && v)
-            o.layers = num(argv[++i], "--layers");
-        else if (!strcmp(argv[i], "--experts") && v)
-            o.experts = num(argv[++i], "--experts");
-        else if (!strcmp(argv[i], "--used") && v)
-            o.used = num(argv[++i], "--used");
-        else if (!strcmp(argv[i], "--slots") && v)
-            o.slots = num(argv[++i], "--slots");
-        else if (!strcmp(argv[i], "--warmup") && v)
-            o.warmup = num(argv[++i], "--warmup");
-        else if (!strcmp(argv[i], "--steps") && v)
-            o.steps = num(argv[++i], "--steps");
-        else if (!strcmp(argv[i], "--seed") && v)
-            o.seed = num(argv[++i], "--seed");
-        else if (!strcmp(argv[i], "--out") && v)
-            o.out = argv[++i];
-        else {
-            fprintf(stderr,
-                    "usage: bench-t0sim [--layers N] [--experts N] [--used N] [--slots N] "
-                    "[--warmup N] [--steps N] [--seed N] [--out FILE]\n"
-                    "Replays sluice-compute's synthetic routings (uniform, zipf:1.0) through "
-                    "the device tier's\nbookkeeping under each admission (--t0-admit always, "
-                    "freq). Defaults: bench-L4, run (b).\n");
-            return strcmp(argv[i], "--help") ? 2 : 0;
+        const char *v = NULL;
+        sl_err err = {0};
+        const sl_opt *d = sl_opt_next(table, n_opt, argc, argv, &i, &v, &err);
+        uint64_t x = 0;
+        if (d && d->id == T_HELP) {
+            sl_opt_help(stdout,
+                        "usage: bench-t0sim [options]\nReplays sluice-compute's synthetic "
+                        "routings (uniform, zipf:1.0) through the device tier's bookkeeping "
+                        "under each admission (--t0-admit always, freq).",
+                        table, n_opt);
+            return 0;
         }
+        if (d && d->id == T_OUT) {
+            o.out = v;
+            continue;
+        }
+        if (d && !sl_opt_u64(d->lng, v, 1, 1u << 30, &x, &err)) {
+            if (d->id == T_SEED)
+                o.seed = x;
+            else
+                *count[d->id] = (uint32_t)x;
+            continue;
+        }
+        fprintf(stderr, "bench-t0sim: %s\n", err.msg);
+        return 2;
     }
     if (o.used > o.experts || o.used > 64) {
         fprintf(stderr, "bench-t0sim: --used %u of %u experts\n", o.used, o.experts);
