@@ -56,7 +56,7 @@ typedef struct sl_compute_options {
                                memory, else free device memory less a reserve */
     int t0_preload;         /* --t0-preload: fill the device tier before the first step */
     int t0_admit;           /* --t0-admit: enum sl_t0_admit (t0cache.h), which misses T0
-                               takes in (default: every one) */
+                               takes in (default: freq) */
     int zero_copy;          /* --zero-copy: no T0 even on a discrete GPU */
     uint32_t warmup;        /* --warmup N: steps run before the counters and clocks start */
     double ceiling_gbs[4];  /* --ceilings: GB/s of HBM reads, host->device copies, zero-copy

@@ -163,6 +163,7 @@ void sl_compute_options_default(sl_compute_options *o)
     o->timeout_ms = 60000;
     o->backend = SL_BACKEND_AUTO;
     o->cpu = SL_CPU_ANY;
+    o->t0_admit = SL_T0_ADMIT_FREQ; /* measured: bench/results/2026-12-01-s6-compute-e2e.md */
 }
 
 enum opt_id {
@@ -206,8 +207,9 @@ static const sl_opt opt_table[] = {
     {OPT_T0_PRELOAD, NULL, "--t0-preload", NULL,
      "fill the device tier with every expert it can hold before the first step"},
     {OPT_T0_ADMIT, NULL, "--t0-admit", "HOW",
-     "always (default): every miss is copied into the device tier; freq: only one asked for "
-     "more often lately than the expert it would evict, the others are read in place"},
+     "freq (default): a miss is copied into the device tier only when it was asked for more "
+     "often lately than the expert it would evict, the others are read in place; always: "
+     "every miss is copied in"},
     {OPT_ZERO_COPY, NULL, "--zero-copy", NULL, "no device tier: kernels read the host arena"},
     {OPT_WARMUP, NULL, "--warmup", "N", "steps run before counters and clocks start (default 0)"},
     {OPT_CEILINGS, NULL, "--ceilings", "LIST",

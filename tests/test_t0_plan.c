@@ -64,9 +64,9 @@ Test(t0_plan, flags_win)
 Test(t0_plan, admission_is_a_flag)
 {
     const char *dflt[] = {"c", "-m", "x"};
-    cr_assert_eq(opts(dflt, 3).t0_admit, SL_T0_ADMIT_ALWAYS);
-    const char *freq[] = {"c", "-m", "x", "--t0-admit", "freq"};
-    cr_assert_eq(opts(freq, 5).t0_admit, SL_T0_ADMIT_FREQ);
+    cr_assert_eq(opts(dflt, 3).t0_admit, SL_T0_ADMIT_FREQ);
+    const char *always[] = {"c", "-m", "x", "--t0-admit", "always"};
+    cr_assert_eq(opts(always, 5).t0_admit, SL_T0_ADMIT_ALWAYS);
     sl_compute_options o;
     sl_compute_options_default(&o);
     const char *bad[] = {"c", "-m", "x", "--t0-admit", "lfu"};
