@@ -225,11 +225,24 @@ __device__ __forceinline__ float k_dot_q2_k(const uint8_t *row, const int8_t *aq
     return acc;
 }
 
+/* dp4a of unsigned weight bytes against signed activation codes. The kernels feed it a
+ * row's 2-bit (or 1-bit) fields masked in place, without shifting them down: each byte
+ * is then the field times 2^sh (at most 192), and the sum over 16 values is 2^sh times
+ * the fields' sum, exact in int (below 2^19), so one arithmetic shift after the half
+ * group gives the same integer as shifting every word first, an instruction a word
+ * cheaper (bench/results/2026-12-01-s6-moe.md). */
+__device__ __forceinline__ int k_dp4a_us(uint32_t a, int b, int c)
+{
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 /* Group g of one Q3_K block against its 32 q8_1 codes aq_g: sum of (s - 32) * code * q
  * over the group's two 16-value halves, exact in int. hm: the block's hmask words; qw:
  * the qs words of g's 128-value half, g's codes at shift sh; lo8, hi4: the 12 packed
- * scale bytes (0..7, 8..11). Codes are low - 4 * (1 - hbit), so that one signed dp4a
- * takes 4 of them. */
+ * scale bytes (0..7, 8..11). Codes are low - 4 * (1 - hbit): the low fields and the
+ * clear high bits are summed apart (k_dp4a_us). */
 template <bool SH = false>
 __device__ __forceinline__ int k_q3_group(const uint32_t (&hm)[8], const uint32_t (&qw)[8], int g,
                                           int sh, uint64_t lo8, uint32_t hi4,
@@ -238,17 +251,15 @@ __device__ __forceinline__ int k_q3_group(const uint32_t (&hm)[8], const uint32_
     const int4 *aw = (const int4 *)aq_g;
     const int4 a0 = k_ld_act<SH>(aw), a1 = k_ld_act<SH>(aw + 1);
     const int av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-    int c0 = 0, c1 = 0;
+    /* the fields in place (k_dp4a_us): sum(low * a) - 4 * sum(!hbit * a) a half */
+    const uint32_t mq = 0x03030303u << sh, mh = 0x01010101u << g;
+    int lo[2] = {0, 0}, nh[2] = {0, 0};
 #pragma unroll
     for (int w = 0; w < 8; w++) {
-        const uint32_t lo = (qw[w] >> sh) & 0x03030303u;
-        const uint32_t nh = (~hm[w] >> g) & 0x01010101u;
-        const int code = (int)(lo | nh * 0xFCu);
-        if (w < 4)
-            c0 = __dp4a(code, av[w], c0);
-        else
-            c1 = __dp4a(code, av[w], c1);
+        lo[w >> 2] = k_dp4a_us(qw[w] & mq, av[w], lo[w >> 2]);
+        nh[w >> 2] = k_dp4a_us(~hm[w] & mh, av[w], nh[w >> 2]);
     }
+    const int c0 = (lo[0] >> sh) - 4 * (nh[0] >> g), c1 = (lo[1] >> sh) - 4 * (nh[1] >> g);
     const int k0 = 2 * g, k1 = 2 * g + 1;
     const int s0 = (int)(((lo8 >> (8 * (k0 & 7) + 4 * (k0 >> 3))) & 15) |
                          ((hi4 >> (8 * (k0 & 3) + 2 * (k0 >> 2))) & 3) << 4) -
@@ -496,15 +507,18 @@ __device__ __forceinline__ void k_dot4_q2_k(const uint8_t *row, const int8_t *aq
         for (int s = 0; s < 4; s++) {
             const int4 *aw = (const int4 *)(aq + 288 * b + 144 * j + 32 * s); /* padded */
             const int4 a0 = aw[0], a1 = aw[1];
+            const uint32_t mk = 0x03030303u << (2 * s); /* the codes in place: k_dp4a_us */
             int c0 = 0, c1 = 0;
-            c0 = __dp4a((int)((w[0] >> (2 * s)) & 0x03030303u), a0.x, c0);
-            c0 = __dp4a((int)((w[1] >> (2 * s)) & 0x03030303u), a0.y, c0);
-            c0 = __dp4a((int)((w[2] >> (2 * s)) & 0x03030303u), a0.z, c0);
-            c0 = __dp4a((int)((w[3] >> (2 * s)) & 0x03030303u), a0.w, c0);
-            c1 = __dp4a((int)((w[4] >> (2 * s)) & 0x03030303u), a1.x, c1);
-            c1 = __dp4a((int)((w[5] >> (2 * s)) & 0x03030303u), a1.y, c1);
-            c1 = __dp4a((int)((w[6] >> (2 * s)) & 0x03030303u), a1.z, c1);
-            c1 = __dp4a((int)((w[7] >> (2 * s)) & 0x03030303u), a1.w, c1);
+            c0 = k_dp4a_us(w[0] & mk, a0.x, c0);
+            c0 = k_dp4a_us(w[1] & mk, a0.y, c0);
+            c0 = k_dp4a_us(w[2] & mk, a0.z, c0);
+            c0 = k_dp4a_us(w[3] & mk, a0.w, c0);
+            c1 = k_dp4a_us(w[4] & mk, a1.x, c1);
+            c1 = k_dp4a_us(w[5] & mk, a1.y, c1);
+            c1 = k_dp4a_us(w[6] & mk, a1.z, c1);
+            c1 = k_dp4a_us(w[7] & mk, a1.w, c1);
+            c0 >>= 2 * s;
+            c1 >>= 2 * s;
             const uint32_t sc = scw[s >> 1] >> (16 * (s & 1));
             const int isum = (int)(sc & 15) * c0 + (int)((sc >> 8) & 15) * c1;
             const int imin =
@@ -1270,7 +1284,17 @@ __device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__
                                             const float *__restrict__ ad, uint32_t nb, int sub,
                                             float (&acc)[2])
 {
-    const int j = sub >> 1, q = sub & 1;
+    const int j = sub >> 1, q = sub & 1, g = 4 * j + q; /* groups g and g + 2 */
+    /* The fields in place (k_dp4a_us): group g's low bits at 2q, g + 2's at 2q + 4 of
+     * every qs byte, their high bits at bits g and g + 2 of every hmask byte. A code is
+     * low - 4 * (1 - hbit), so a group's sum is sum(low * a) - 4 * sum(!hbit * a). */
+    const uint32_t mq0 = 0x03030303u << (2 * q), mq1 = mq0 << 4;
+    const uint32_t mh0 = 0x01010101u << g, mh1 = mh0 << 2;
+    /* The lane's four 6-bit scales (sub-blocks 2g, 2g + 1, 2g + 4, 2g + 5): low nibbles
+     * j of bytes 2q, 2q + 1, 2q + 4, 2q + 5, high pairs at bits 4j (4j + 2 for the last
+     * two) of bytes 8 + 2q, 8 + 2q + 1 of the 12 packed bytes. */
+    const uint32_t sel_lo = q ? 0x7632u : 0x5410u, sel_hi = q ? 0x3232u : 0x1010u;
+    const int ns = 4 * j;
     acc[0] = 0.0f;
     acc[1] = 0.0f;
     for (uint32_t b = 0; b < nb; b++) {
@@ -1279,14 +1303,35 @@ __device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__
         k_ld8(blk, hm);
         k_ld8(blk + 32 + 32 * j, qw);
         k_ld3(blk + 96, sw);
-        const uint64_t lo8 = (uint64_t)sw[0] | (uint64_t)sw[1] << 32;
-        const uint32_t hi4 = sw[2];
         const float d = k_half(blk + 108);
+        const uint32_t hb = __byte_perm(sw[2], 0u, sel_hi);
+        const uint32_t sc = ((__byte_perm(sw[0], sw[1], sel_lo) >> ns) & 0x0F0F0F0Fu) |
+                            (((hb >> ns) & 0x00000303u) | ((hb >> (ns + 2)) & 0x03030000u)) << 4;
+        const int4 *aw = (const int4 *)(aq + 256 * b + 32 * g);
+        const int4 x0 = __ldg(aw), x1 = __ldg(aw + 1), y0 = __ldg(aw + 4), y1 = __ldg(aw + 5);
+        const int av[2][8] = {{x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w},
+                              {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w}};
+        int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0}; /* [2 * group + half] */
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            const int h = w >> 2;
+            lo[h] = k_dp4a_us(qw[w] & mq0, av[0][w], lo[h]);
+            hi[h] = k_dp4a_us(~hm[w] & mh0, av[0][w], hi[h]);
+            lo[2 + h] = k_dp4a_us(qw[w] & mq1, av[1][w], lo[2 + h]);
+            hi[2 + h] = k_dp4a_us(~hm[w] & mh1, av[1][w], hi[2 + h]);
+        }
+        int c[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int i = k >> 1;
+            c[k] = (lo[k] >> (2 * q + 4 * i)) - 4 * (hi[k] >> (g + 2 * i));
+        }
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const int g = 4 * j + q + 2 * i, sh = 2 * q + 4 * i;
-            const int isum = k_q3_group(hm, qw, g, sh, lo8, hi4, aq + 256 * b + 32 * g);
-            acc[i] = sl_emu_q3_k_step(acc[i], d, isum, __ldg(ad + 8 * b + g));
+            const int s0 = (int)((sc >> (16 * i)) & 63u) - 32;
+            const int s1 = (int)((sc >> (16 * i + 8)) & 63u) - 32;
+            acc[i] = sl_emu_q3_k_step(acc[i], d, s0 * c[2 * i] + s1 * c[2 * i + 1],
+                                      __ldg(ad + 8 * b + g + 2 * i));
         }
     }
 }
