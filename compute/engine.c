@@ -88,14 +88,34 @@ typedef struct plan {
 
 /* The parts of a layer, timed separately so that the summary shows where the fixed
  * per-layer cost goes. */
-enum { SUB_NORM, SUB_SHARED, SUB_ROUTER, SUB_SELECT, SUB_GATHER, SUB_FINISH, SUB_RESIDUAL, N_SUB };
-static const char *const sub_names[N_SUB] = {
-    "residual + ffn_norm", "queue routing + T0 gate/up", "wait for the GPU's picks",       "-",
-    "gather + launches",   "queue down + sum",           "step end (residual, h download)"};
+enum {
+    SUB_START,
+    SUB_NORM,
+    SUB_SHARED,
+    SUB_ROUTER,
+    SUB_SELECT,
+    SUB_GATHER,
+    SUB_FINISH,
+    SUB_RESIDUAL,
+    N_SUB
+};
+static const char *const sub_names[N_SUB] = {"step start (embedding, upload)",
+                                             "residual + ffn_norm",
+                                             "queue routing + T0 gate/up",
+                                             "wait for the GPU's picks",
+                                             "-",
+                                             "gather + launches",
+                                             "queue down + sum",
+                                             "step end (residual, h download)"};
 /* The same parts when the CPU computes the layer (no queueing: the work itself). */
-static const char *const sub_names_cpu[N_SUB] = {
-    "residual + ffn_norm",      "-",       "router GEMV",        "top-k",
-    "gather (waits for reads)", "experts", "step end (residual)"};
+static const char *const sub_names_cpu[N_SUB] = {"step start (embedding)",
+                                                 "residual + ffn_norm",
+                                                 "-",
+                                                 "router GEMV",
+                                                 "top-k",
+                                                 "gather (waits for reads)",
+                                                 "experts",
+                                                 "step end (residual)"};
 
 typedef struct stage_times {
     uint64_t route_ns, wait_ns, compute_ns;
@@ -1433,14 +1453,16 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
  * residual; the step's output h comes back to the host. */
 static int step(sl_compute *c, uint64_t s, sl_err *err)
 {
+    uint64_t t = sl_now_ns();
     int rc = embed(c, s, err);
 #ifdef SL_HAVE_CUDA
     if (!rc && c->backend == SL_BACKEND_GPU)
         rc = sl_gpu_upload(c->gpu, c->h_dev, c->h, c->cfg.dim * sizeof(uint16_t), err);
     if (!rc && c->mark_ns && c->backend == SL_BACKEND_GPU) rc = sl_gpu_mark_anchor(c->gpu, err);
 #endif
+    lap(c, SUB_START, &t);
     for (uint32_t l = 0; l < c->cfg.n_layer && !rc; l++) rc = layer_step(c, l, err);
-    uint64_t t = sl_now_ns();
+    t = sl_now_ns();
     if (!rc) rc = residual_norm(c, 1, NULL, err);
 #ifdef SL_HAVE_CUDA
     /* Waits for the last layer's kernels: then its pins may go back. */
@@ -1488,6 +1510,17 @@ int sl_compute_run(sl_compute *c, sl_err *err)
     return 0;
 }
 
+/* A step of the real model's 40 layers at the measured per-layer time, plus what the
+ * measured step spent outside its layers (embedding, the last residual, h's download). */
+static double step40_s(const sl_compute *c)
+{
+    const double per = 1.0 / (double)c->steps_done;
+    const double step = (double)c->run_ns / 1e9 * per;
+    const double layers = (double)(c->t.route_ns + c->t.wait_ns + c->t.compute_ns) / 1e9 * per;
+    const double own = step > layers ? step - layers : 0.0;
+    return own + layers / (double)c->cfg.n_layer * 40.0;
+}
+
 /* The byte floor of a step: the bytes each memory path moved per step, at the
  * ceiling of that path measured in the same run (--ceilings), the paths working in
  * parallel; the step can be no faster than its slowest path. HBM carries every
@@ -1532,6 +1565,12 @@ static void print_floor(sl_compute *c, FILE *out)
             hbm / 1e6, g[CEIL_HBM], t_hbm * 1e3, host / 1e6, (host - placed) / 1e6, g[CEIL_COPY],
             placed / 1e6, g[CEIL_ZC], t_link * 1e3, disk / 1e6, g[CEIL_DISK], t_disk * 1e3,
             step_s * 1e3, floor_s > 0 ? step_s / floor_s : 0.0, floor_s * 1e3, bound);
+    /* Every layer moves the same bytes: the floor of 40 layers is the measured one scaled. */
+    if (m->n_layer < 40 && floor_s > 0) {
+        const double f40 = floor_s * 40.0 / (double)m->n_layer, s40 = step40_s(c);
+        fprintf(out, "  extrapolated to 40 layers: step %.3f ms = %.2fx its floor of %.3f ms\n",
+                s40 * 1e3, s40 / f40, f40 * 1e3);
+    }
 }
 
 void sl_compute_print_summary(sl_compute *c, FILE *out)
@@ -1557,12 +1596,12 @@ void sl_compute_print_summary(sl_compute *c, FILE *out)
             c->from_disk ? (double)c->read_us / (double)c->from_disk : 0.0,
             (double)c->t.route_ns / 1e6 * per_step, (double)c->t.wait_ns / 1e6 * per_step,
             (double)c->t.compute_ns / 1e6 * per_step, sl_fetch_client_reconnects(c->client));
-    /* The real model has 40 layers: what a step would cost there at this per-layer time. */
+    /* The real model has 40 layers: what a step would cost there at this per-layer time,
+     * with the step's own costs (embedding, the last residual, h's download) once. */
     if (c->steps_done && c->cfg.n_layer < 40) {
-        double layer_ms = (double)(c->t.route_ns + c->t.wait_ns + c->t.compute_ns) / 1e6 *
-                          per_step / (double)c->cfg.n_layer;
-        fprintf(out, "  extrapolated to 40 layers: %.2f ms per token, %.2f tokens/s\n",
-                layer_ms * 40.0, layer_ms > 0 ? 1000.0 / (layer_ms * 40.0) : 0.0);
+        double ms = step40_s(c) * 1e3;
+        fprintf(out, "  extrapolated to 40 layers: %.2f ms per token, %.2f tokens/s\n", ms,
+                ms > 0 ? 1000.0 / ms : 0.0);
     }
     if (c->steps_done) {
         double layers = (double)c->steps_done * c->cfg.n_layer;
