@@ -142,8 +142,9 @@ struct sl_compute {
 #ifdef SL_HAVE_CUDA
     sl_gpu_ctx *gpu;
     uint16_t *h_dev, *x_dev, *y_dev; /* [dim] bf16: residual stream, normed input, MoE out */
-    sl_arena *registered;            /* the arena mapping registered with CUDA */
-    uint8_t *arena_dev;              /* its device address */
+    void *embd_dev; /* token_embd in device memory when the GPU decodes it (Q2_K), else NULL */
+    sl_arena *registered; /* the arena mapping registered with CUDA */
+    uint8_t *arena_dev;   /* its device address */
     t0_tier t0;
     plan plan;
     uint8_t launched[64]; /* ranks of this layer whose experts are queued (hits first) */
@@ -552,6 +553,16 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
         *resident += rb + m->n_expert * sizeof(float) + sh_bytes[0] + sh_bytes[1] + sh_bytes[2];
         w->shared_w_dev = (sl_moe_expert_w){w->shared_dev[0], w->shared_dev[1], w->shared_dev[2]};
     }
+    /* The embedding table too, when the GPU can decode its rows: a step then starts
+     * with one small kernel instead of a pread, a host decode and a waited upload. */
+    if (!rc && c->embd->type == SL_QTYPE_Q2_K && m->dim % 256 == 0) {
+        void *tab = NULL;
+        rc = load_tensor(c, SL_MODEL_TENSOR_TOKEN_EMBD, 0, SL_QTYPE_Q2_K,
+                         (uint64_t)m->dim * m->vocab, &tab, err);
+        if (!rc) rc = upload_new(c, tab, c->embd->n_bytes, &c->embd_dev, err);
+        free(tab);
+        if (!rc) *resident += c->embd->n_bytes;
+    }
     if (rc) return rc;
     /* The device tier: by flag, or what free memory allows (after the resident
      * weights, less a reserve for the runtime and other jobs), never more than every
@@ -601,6 +612,7 @@ static void gpu_close(sl_compute *c)
     sl_gpu_free(c->gpu, c->x_dev);
     sl_gpu_free(c->gpu, c->y_dev);
     sl_gpu_free(c->gpu, c->h_dev);
+    sl_gpu_free(c->gpu, c->embd_dev);
     sl_gpu_free(c->gpu, c->t0.base);
     sl_gpu_free(c->gpu, c->t0.table_dev);
     if (c->t0.n_slot) sl_t0cache_free(&c->t0.cache);
@@ -658,11 +670,12 @@ static void print_plan(sl_compute *c, FILE *f)
         const plan *p = &c->plan;
         uint64_t t0 = (uint64_t)c->t0.n_slot * c->t0.slot_bytes;
         fprintf(f,
-                "  GPU           %.1f GiB: resident weights %.2f GiB (routers, shared experts); "
+                "  GPU           %.1f GiB: resident weights %.2f GiB (routers, shared experts%s); "
                 "%.1f GiB were free after them\n"
                 "  T0 device     %u slots = %.2f GiB (%.0f%% of the experts; %s)%s\n"
                 "  GPU left      %.1f GiB\n",
-                gib(p->gpu_total), gib(p->resident), gib(p->gpu_free), c->t0.n_slot, gib(t0),
+                gib(p->gpu_total), gib(p->resident), c->embd_dev ? ", token_embd" : "",
+                gib(p->gpu_free), c->t0.n_slot, gib(t0),
                 100.0 * (double)c->t0.n_slot / (double)n_ent, p->t0_why,
                 c->t0.n_slot ? (c->opt.t0_admit == SL_T0_ADMIT_FREQ
                                     ? "; admission freq: a miss may be read in place"
@@ -960,10 +973,14 @@ void sl_compute_close(sl_compute **pc)
 
 /* ---------------------------------------------------------------- one step */
 
-/* h = the embedding row of the step's token. */
+/* h = the embedding row of the step's token: on the device when it holds the table,
+ * else read, decoded here and (on the GPU) uploaded. */
 static int embed(sl_compute *c, uint64_t step, sl_err *err)
 {
     uint32_t token = (uint32_t)(sl_splitmix64(c->opt.seed * 1000003u + step) % c->cfg.vocab);
+#ifdef SL_HAVE_CUDA
+    if (c->embd_dev) return sl_gpu_embed_q2_k(c->gpu, c->embd_dev, token, c->h_dev, err);
+#endif
     uint64_t row = sl_qtype_row_bytes(c->embd->type, c->cfg.dim);
     const sl_gguf_shard *sh = &c->gguf->shards[c->embd->shard];
     uint64_t off = c->embd->offset + (uint64_t)token * row;
@@ -972,6 +989,10 @@ static int embed(sl_compute *c, uint64_t step, sl_err *err)
                             sh->path, off, row);
     sl_quant_decode(c->embd->type, c->embd_row, c->f32, c->cfg.dim);
     for (uint32_t i = 0; i < c->cfg.dim; i++) c->h[i] = sl_f32_to_bf16(c->f32[i]);
+#ifdef SL_HAVE_CUDA
+    if (c->backend == SL_BACKEND_GPU)
+        return sl_gpu_upload(c->gpu, c->h_dev, c->h, c->cfg.dim * sizeof(uint16_t), err);
+#endif
     return 0;
 }
 
@@ -1456,8 +1477,6 @@ static int step(sl_compute *c, uint64_t s, sl_err *err)
     uint64_t t = sl_now_ns();
     int rc = embed(c, s, err);
 #ifdef SL_HAVE_CUDA
-    if (!rc && c->backend == SL_BACKEND_GPU)
-        rc = sl_gpu_upload(c->gpu, c->h_dev, c->h, c->cfg.dim * sizeof(uint16_t), err);
     if (!rc && c->mark_ns && c->backend == SL_BACKEND_GPU) rc = sl_gpu_mark_anchor(c->gpu, err);
 #endif
     lap(c, SUB_START, &t);
@@ -1510,15 +1529,16 @@ int sl_compute_run(sl_compute *c, sl_err *err)
     return 0;
 }
 
-/* A step of the real model's 40 layers at the measured per-layer time, plus what the
- * measured step spent outside its layers (embedding, the last residual, h's download). */
+/* A step of the real model's 40 layers: the step's start (embedding) once, the rest
+ * of the measured step scaled by 40 / n_layer. The rest stays whole because the host
+ * runs ahead of the GPU: the wait at the step's end (h's download) holds GPU work of
+ * the last layers, so it is counted as layers' time, not as a cost of the step. */
 static double step40_s(const sl_compute *c)
 {
     const double per = 1.0 / (double)c->steps_done;
     const double step = (double)c->run_ns / 1e9 * per;
-    const double layers = (double)(c->t.route_ns + c->t.wait_ns + c->t.compute_ns) / 1e9 * per;
-    const double own = step > layers ? step - layers : 0.0;
-    return own + layers / (double)c->cfg.n_layer * 40.0;
+    const double start = (double)c->t.sub_ns[SUB_START] / 1e9 * per;
+    return start + (step - start) * 40.0 / (double)c->cfg.n_layer;
 }
 
 /* The byte floor of a step: the bytes each memory path moved per step, at the
@@ -1596,8 +1616,7 @@ void sl_compute_print_summary(sl_compute *c, FILE *out)
             c->from_disk ? (double)c->read_us / (double)c->from_disk : 0.0,
             (double)c->t.route_ns / 1e6 * per_step, (double)c->t.wait_ns / 1e6 * per_step,
             (double)c->t.compute_ns / 1e6 * per_step, sl_fetch_client_reconnects(c->client));
-    /* The real model has 40 layers: what a step would cost there at this per-layer time,
-     * with the step's own costs (embedding, the last residual, h's download) once. */
+    /* The real model has 40 layers: what a step would cost there (step40_s). */
     if (c->steps_done && c->cfg.n_layer < 40) {
         double ms = step40_s(c) * 1e3;
         fprintf(out, "  extrapolated to 40 layers: %.2f ms per token, %.2f tokens/s\n", ms,

@@ -105,6 +105,11 @@ int sl_gpu_quant_q8_1(sl_gpu_ctx *ctx, const uint16_t *x_dev, uint32_t n, sl_blo
 int sl_gpu_residual_norm(sl_gpu_ctx *ctx, uint16_t *h_dev, const uint16_t *y_dev,
                          const float *w_dev, float eps, uint16_t *x_dev, sl_err *err);
 
+/* h_dev [dim] bf16 = row `row` of a Q2_K embedding table in device memory (dim / 256
+ * blocks a row), decoded as sl_emu_embed_q2_k (bit for bit); queued, nothing waits. */
+int sl_gpu_embed_q2_k(sl_gpu_ctx *ctx, const void *table_dev, uint32_t row, uint16_t *h_dev,
+                      sl_err *err);
+
 /* Router logits of x_dev [dim] bf16 against router_dev [n_expert][dim] bf16, in
  * sl_router_logits' order, divided by gate_temp; waits and copies them into
  * logits[n_expert] (host). */

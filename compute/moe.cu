@@ -29,14 +29,14 @@
 #define BF_NW   8    /* BF16 shared expert and the plain router */
 #define RT_NW   4    /* warps (experts) per CTA, prefetching router */
 #define DN_T    1    /* 4-row tiles per CTA, register-staged down */
-#define GT_NG   2    /* warp groups per CTA, bulk-copy gate/up */
-#define GT_NW   8    /* warps per group, bulk-copy gate/up */
-#define GT_TR   16   /* rows of gate (and of up) per stage */
+#define GT_NG   2    /* warp groups per CTA, bulk-copy gate/up (2 CTAs an SM) */
+#define GT_NW   4    /* warps per group, bulk-copy gate/up */
+#define GT_TR   8    /* rows of gate (and of up) per stage */
 #define GT_ST   4    /* stages in flight per CTA (2 per group) */
 #define DP_LPR  4    /* lanes per row (k_dot2_q3_k), bulk-copy down */
 #define DP_TD   8    /* output rows per tile (stage), bulk-copy down */
-#define DP_ST   1    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
-#define DP_NG   1    /* warp groups per CTA, persistent bulk-copy down */
+#define DP_ST   2    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
+#define DP_NG   2    /* warp groups per CTA, persistent bulk-copy down */
 #define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
@@ -56,7 +56,7 @@ struct sl_gpu_ctx {
     int gu_maxv, dn_maxv;            /* register chunks per lane of one step (4|8, 8|16) */
     int gu_occ;                      /* CTAs per SM of the register-staged gate/up */
     int gt_ok, gt_occ;               /* the bulk-copy gate/up fits this shape; its CTAs per SM */
-    int gtd_ok;                      /* its device-table form fits too (routing on the device) */
+    int gtd_ok, gtd_occ;             /* its device-table form fits too (routing on the device) */
     int dt_ok;                       /* the bulk-copy down fits this shape */
     int dt_occ[SL_GPU_MAX_USED + 1]; /* its CTAs per SM for n experts (persistent grid) */
     cudaStream_t main, side;
@@ -327,6 +327,7 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         c->gtd_ok = !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>,
                                  GT_NG * GT_NW * 32, gts, &o3, "k_gateup_tma_dev_q2_k", NULL) &&
                     o3 >= 1;
+        c->gtd_occ = o3;
         (void)cudaGetLastError();
     }
     if (c->gu_occ < 1 || occ < 1)
@@ -559,6 +560,19 @@ extern "C" int sl_gpu_residual_norm(sl_gpu_ctx *c, uint16_t *h, const uint16_t *
     return 0;
 }
 
+extern "C" int sl_gpu_embed_q2_k(sl_gpu_ctx *c, const void *table, uint32_t row, uint16_t *h,
+                                 sl_err *err)
+{
+    if (!c || !table || !h) return sl_err_set(err, SL_EINVAL, "sl_gpu_embed_q2_k: NULL argument");
+    const uint32_t dim = c->shape.dim;
+    if (dim % 256)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_embed_q2_k: dim %u is not a multiple of 256",
+                          dim);
+    k_embed_q2_k<<<(dim + 255) / 256, 256, 0, c->main>>>((const uint8_t *)table, row, dim, h);
+    CK_LAUNCH("k_embed_q2_k");
+    return 0;
+}
+
 extern "C" int sl_gpu_router_start(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w, sl_err *err)
 {
     if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_router_start: NULL context");
@@ -661,7 +675,7 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
     if (with_sh) c->sh_state = SH_MERGED;
     if (t0) { /* right after the selection (PDL): the shared expert's rows load meanwhile */
         const uint32_t units = (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR);
-        uint32_t grid = (uint32_t)(c->gt_occ * c->n_sm);
+        uint32_t grid = (uint32_t)(c->gtd_occ * c->n_sm);
         if (grid > units) grid = units;
         CK(k_launch(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, grid, GT_NG * GT_NW * 32,
                     gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,

@@ -282,3 +282,9 @@ void sl_emu_residual_norm(uint32_t dim, uint16_t *h, const uint16_t *y, const fl
     for (uint32_t i = 0; i < dim; i++)
         x[i] = sl_emu_bf16_bits(sl_emu_mul(w[i], sl_emu_mul(sl_emu_bf16_to_f32(h[i]), r)));
 }
+
+void sl_emu_embed_q2_k(const uint8_t *row, uint32_t dim, uint16_t *out)
+{
+    for (uint32_t i = 0; i < dim; i++)
+        out[i] = sl_emu_bf16_bits(sl_emu_q2_k_value(row + (size_t)(i / 256) * 84, i % 256));
+}

@@ -124,6 +124,32 @@ SL_HD float sl_emu_bf16_to_f32(uint16_t h)
     return sl_emu_float((uint32_t)h << 16);
 }
 
+/* IEEE half bits -> f32, exact (every half is an f32). */
+SL_HD float sl_emu_f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
+    if (e == 31) return sl_emu_float(sign | 0x7f800000u | m << 13); /* inf, NaN */
+    if (e) return sl_emu_float(sign | (e + 112) << 23 | m << 13);
+    /* zero or subnormal: m * 2^-24, exact */
+    const float v = sl_emu_mul((float)m, 5.9604644775390625e-08f);
+    return sign ? -v : v;
+}
+
+/* Value j (0..255) of a Q2_K block (84 bytes: 16 scale/min bytes, 64 code bytes, d,
+ * dmin), as sl_quant_decode computes it: (d * scale) * code - dmin * min, each product
+ * and the difference rounded apart. j = 128 c + 32 s + 16 half + l reads code byte
+ * 32 c + 16 half + l at bits 2s, scale byte 8 c + 2 s + half. */
+SL_HD float sl_emu_q2_k_value(const uint8_t *blk, uint32_t j)
+{
+    const uint32_t c = j >> 7, s = (j >> 5) & 3, half = (j >> 4) & 1, l = j & 15;
+    const uint8_t sc = blk[8 * c + 2 * s + half];
+    const uint32_t code = (uint32_t)(blk[16 + 32 * c + 16 * half + l] >> (2 * s)) & 3u;
+    const float d = sl_emu_f16_to_f32((uint16_t)(blk[80] | blk[81] << 8));
+    const float dmin = sl_emu_f16_to_f32((uint16_t)(blk[82] | blk[83] << 8));
+    const float dl = sl_emu_mul(d, (float)(sc & 0xF)), ml = sl_emu_mul(dmin, (float)(sc >> 4));
+    return sl_emu_add(sl_emu_mul(dl, (float)code), -ml);
+}
+
 /* e^x from mul/add/fma only, so that host and device agree bit for bit (libm's expf
  * and CUDA's expf differ in the last ulp). Cody-Waite reduction by ln 2, degree-7
  * Taylor polynomial on |r| <= ln2/2 (relative error < 1e-8 before rounding), scaling
@@ -241,6 +267,10 @@ int sl_emu_moe(const sl_moe_shape *shape, const uint16_t *x, const sl_moe_route 
 
 /* Lanes of the residual + norm kernel: the sum of squares is split over them. */
 #define SL_EMU_NORM_LANES 256
+
+/* One row of a Q2_K embedding table (dim values) as bf16 bits: sl_gpu_embed_q2_k's
+ * arithmetic, and sl_quant_decode's then sl_f32_to_bf16's. */
+void sl_emu_embed_q2_k(const uint8_t *row, uint32_t dim, uint16_t *out);
 
 /* The residual and the next layer's ffn_norm as the GPU computes them (MODEL.md §2.1),
  * dim a multiple of SL_EMU_NORM_LANES:

@@ -1837,12 +1837,15 @@ __global__ void k_combine(const float *__restrict__ part, uint32_t n, uint32_t d
 }
 
 /* q8_1 of h as k_quant_h, for launches with programmatic dependent launch, of the
- * experts whose slot bit is set in mask (gpe groups of 32 an expert; ~0u: all). */
+ * experts whose slot bit is set in mask (gpe groups of 32 an expert; ~0u: all). It lets
+ * the next kernel (the down projection) start before it waits: that one's CTAs take
+ * the shared memory the gate/up kernel leaves free on an SM and queue their weights
+ * while the gate/up's last units run, and wait (k_pdl_wait) before reading h. */
 __global__ void k_quant_h_pdl(const __grid_constant__ sl_kscratch s, uint32_t groups, uint32_t gpe,
                               uint32_t mask)
 {
-    k_pdl_wait();
     k_pdl_go();
+    k_pdl_wait();
     const int lane = threadIdx.x & 31;
     const uint32_t grp = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (grp >= groups || !(mask >> (grp / gpe) & 1)) return;
@@ -2286,6 +2289,16 @@ inline size_t k_down2_smem(int n, int maxv)
 inline size_t k_down_smem(int nw, int maxv)
 {
     return (size_t)nw * (maxv * 32 + 1) * 16 + 16;
+}
+
+/* One row of a Q2_K table into bf16, a value a thread (sl_emu_embed_q2_k). */
+__global__ void k_embed_q2_k(const uint8_t *__restrict__ table, uint32_t row, uint32_t dim,
+                             uint16_t *__restrict__ h)
+{
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= dim) return;
+    const uint8_t *blk = table + ((size_t)row * (dim / 256) + i / 256) * 84;
+    h[i] = sl_emu_bf16_bits(sl_emu_q2_k_value(blk, i % 256));
 }
 
 } /* namespace */

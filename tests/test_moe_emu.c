@@ -60,6 +60,33 @@ Test(moe_emu, bf16_round_matches_quant)
     }
 }
 
+/* The embedding row the GPU decodes (sl_emu_embed_q2_k, the kernel's arithmetic) is
+ * the host path's: sl_quant_decode then sl_f32_to_bf16, bit for bit, over random
+ * blocks with normal, subnormal, zero and negative scales. */
+Test(moe_emu, embed_q2_k_matches_decode)
+{
+    const uint32_t dim = 1024, rows = 64;
+    uint8_t *tab = rand_blocks(SL_QTYPE_Q2_K, (uint64_t)dim * rows, 0.25f);
+    const uint16_t odd[] = {0x0001, 0x03ff, 0x8000, 0x0000, 0xbc00, 0x7bff, 0x8123};
+    for (uint32_t k = 0; k < sizeof odd / sizeof *odd; k++) { /* d, dmin of early blocks */
+        memcpy(tab + 84 * k + 80, &odd[k], 2);
+        memcpy(tab + 84 * (k + 1) + 82, &odd[k], 2);
+    }
+    float *f = malloc(dim * sizeof(float));
+    uint16_t *got = malloc(dim * 2);
+    for (uint32_t r = 0; r < rows; r++) {
+        const uint8_t *row = tab + (size_t)r * (dim / 256) * 84;
+        cr_assert_eq(sl_quant_decode(SL_QTYPE_Q2_K, row, f, dim), 0);
+        sl_emu_embed_q2_k(row, dim, got);
+        for (uint32_t i = 0; i < dim; i++)
+            cr_assert_eq(got[i], sl_f32_to_bf16(f[i]), "row %u value %u: %04x vs %04x (%g)", r, i,
+                         got[i], sl_f32_to_bf16(f[i]), f[i]);
+    }
+    free(f);
+    free(got);
+    free(tab);
+}
+
 Test(moe_emu, swiglu_clamps)
 {
     /* up to [-10, 10], gate to (-inf, 10] */

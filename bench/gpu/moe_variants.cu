@@ -145,6 +145,11 @@ enum {
     G_T8x2_16_4,
     G_T4x4_8_8,
     G_T8x3_16_3,
+    G_T4x2_8_6, /* smaller gate/up stages: a down CTA fits beside it (PDL starts it early) */
+    G_T4x2_8_4,
+    G_T4x4_8_4,
+    G_T8x2_16_2,
+    G_T4x2_8_2,
     G_M8x2_16_4,
     G_M8_16_4,
     G_FUSED_8,  /* the fused layer kernel, 2 groups of 8 warps, down units round-robin */
@@ -182,7 +187,10 @@ struct variant {
 
 static const variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
-    {"gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST1, one tile a CTA, PDL (compute, device weights)",
+    {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, PDL (compute, device weights)", G_T4x2_8_4,
+     D_P4_8_2_2, true},
+    {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST1, one tile a CTA, PDL", G_T4x2_8_4, D_P4_8_1_1, true},
+    {"gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST1, one tile a CTA, PDL (compute until session 6)",
      G_T8x2_16_4, D_P4_8_1_1, true},
     {"fused gate/up + down, 2x NW8 TR16 ST4, down TD32 LPR8 round-robin, PDL", G_FUSED_8, D_FUSED,
      true},
@@ -196,6 +204,13 @@ static const variant variants[] = {
      G_FUSED_8AH, D_FUSED, true},
     {"fused gate/up + down, 4x (NW4 + helper) TR8 ST8, down TD16 an expert a CTA, PDL", G_FUSED_4AH,
      D_FUSED, true},
+    {"gt 2x NW4 TR8 ST6 (176 KB: one down CTA beside it) + dp LPR4 TD8 ST1, PDL", G_T4x2_8_6,
+     D_P4_8_1_1, true},
+    {"gt 4x NW4 TR8 ST4 (123 KB) + dp LPR4 TD8 ST1, PDL", G_T4x4_8_4, D_P4_8_1_1, true},
+    {"gt 2x NW8 TR16 ST2 (123 KB) + dp LPR4 TD8 ST1, PDL", G_T8x2_16_2, D_P4_8_1_1, true},
+    {"gt 2x NW4 TR8 ST2 (3 CTAs/SM) + dp LPR4 TD8 ST2 2x, PDL", G_T4x2_8_2, D_P4_8_2_2, true},
+    {"gt 2x NW4 TR8 ST4 + dt LPR8 TD8, PDL", G_T4x2_8_4, D_T8_8, true},
+    {"gt 2x NW4 TR8 ST2 (3 CTAs/SM) + dp LPR4 TD8 ST1, PDL", G_T4x2_8_2, D_P4_8_1_1, true},
     {"mma gt 2x NW8 TR16 ST4 + mma dp TD16 ST1, PDL", G_M8x2_16_4, D_M2_16_1_1, true},
     {"gt 2x NW8 TR16 ST4 + mma dp TD16 ST1, PDL", G_T8x2_16_4, D_M2_16_1_1, true},
     {"mma gt 2x NW8 TR16 ST4 + dp LPR4 TD8 ST1, PDL", G_M8x2_16_4, D_P4_8_1_1, true},
@@ -463,6 +478,21 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
             break;
         case G_T8x3_16_3:
             rc = gt_launch<8, 16, 3, 3>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T4x2_8_6:
+            rc = gt_launch<4, 8, 6, 2>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T4x2_8_4:
+            rc = gt_launch<4, 8, 4, 2>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T4x4_8_4:
+            rc = gt_launch<4, 8, 4, 4>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T8x2_16_2:
+            rc = gt_launch<8, 16, 2, 2>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T4x2_8_2:
+            rc = gt_launch<4, 8, 2, 2>(io, tab, s, n_sm, V.pdl);
             break;
         default:
             rc = gu_launch<8, true, false, 1>(io, tab, s, n_sm);

@@ -111,6 +111,40 @@ Test(moe_gpu, q8_1_bit_exact)
     free(got);
 }
 
+/* The embedding row on the device: kernel vs sl_emu_embed_q2_k, bit for bit, for
+ * rows at the table's start, middle and end. */
+Test(moe_gpu, embed_q2_k_bit_exact)
+{
+    NEED_GPU();
+    const uint32_t dim = 5120, rows = 300;
+    sl_moe_shape s = make_shape(dim, 256, 2, 0);
+    sl_err err = {0};
+    sl_gpu_ctx *c = NULL;
+    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    const size_t rb = dim / 256 * 84;
+    uint8_t *tab = rand_blocks(SL_QTYPE_Q2_K, (uint64_t)dim * rows, 0.5f);
+    void *td = to_dev(c, tab, rb * rows), *hd = NULL;
+    cr_assert_eq(sl_gpu_malloc(c, &hd, dim * 2, &err), 0);
+    uint16_t *want = malloc(dim * 2), *got = malloc(dim * 2);
+    const uint32_t pick[] = {0, 1, 150, rows - 1};
+    for (int k = 0; k < 4; k++) {
+        poison_dev(c, hd, dim * 2);
+        cr_assert_eq(sl_gpu_embed_q2_k(c, td, pick[k], hd, &err), 0, "%s", err.msg);
+        cr_assert_eq(sl_gpu_download(c, got, hd, dim * 2, &err), 0, "%s", err.msg);
+        sl_emu_embed_q2_k(tab + pick[k] * rb, dim, want);
+        for (uint32_t i = 0; i < dim; i++)
+            cr_assert_eq(got[i], want[i], "row %u value %u: %04x vs %04x", pick[k], i, got[i],
+                         want[i]);
+    }
+    cr_assert_eq(sl_gpu_embed_q2_k(c, NULL, 0, hd, &err), SL_EINVAL);
+    sl_gpu_free(c, td);
+    sl_gpu_free(c, hd);
+    sl_gpu_close(&c);
+    free(tab);
+    free(want);
+    free(got);
+}
+
 /* Residual + ffn_norm: kernel vs sl_emu_residual_norm, bit for bit, with and without
  * the residual and the norm. */
 static void check_residual_norm(uint32_t dim)
