@@ -555,13 +555,20 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
     }
     /* The embedding table too, when the GPU can decode its rows: a step then starts
      * with one small kernel instead of a pread, a host decode and a waited upload. */
-    if (!rc && c->embd->type == SL_QTYPE_Q2_K && m->dim % 256 == 0) {
+    if (!rc && c->embd->type == SL_QTYPE_Q2_K && m->dim % 256 == 0 && c->embd->ne[1] >= m->vocab) {
         void *tab = NULL;
-        rc = load_tensor(c, SL_MODEL_TENSOR_TOKEN_EMBD, 0, SL_QTYPE_Q2_K,
-                         (uint64_t)m->dim * m->vocab, &tab, err);
-        if (!rc) rc = upload_new(c, tab, c->embd->n_bytes, &c->embd_dev, err);
+        sl_err why = {0};
+        int lr = load_tensor(c, SL_MODEL_TENSOR_TOKEN_EMBD, 0, SL_QTYPE_Q2_K,
+                             c->embd->ne[0] * c->embd->ne[1], &tab, &why);
+        if (!lr) lr = upload_new(c, tab, c->embd->n_bytes, &c->embd_dev, &why);
         free(tab);
-        if (!rc) *resident += c->embd->n_bytes;
+        if (!lr) {
+            *resident += c->embd->n_bytes;
+        } else { /* not fatal: the host path reads the rows instead */
+            sl_gpu_free(c->gpu, c->embd_dev);
+            c->embd_dev = NULL;
+            fprintf(stderr, "sluice-compute: token_embd stays on the host: %s\n", why.msg);
+        }
     }
     if (rc) return rc;
     /* The device tier: by flag, or what free memory allows (after the resident
@@ -1586,7 +1593,7 @@ static void print_floor(sl_compute *c, FILE *out)
             placed / 1e6, g[CEIL_ZC], t_link * 1e3, disk / 1e6, g[CEIL_DISK], t_disk * 1e3,
             step_s * 1e3, floor_s > 0 ? step_s / floor_s : 0.0, floor_s * 1e3, bound);
     /* Every layer moves the same bytes: the floor of 40 layers is the measured one scaled. */
-    if (m->n_layer < 40 && floor_s > 0) {
+    if (m->n_layer < 40 && floor_s > 0 && step_s > 0) {
         const double f40 = floor_s * 40.0 / (double)m->n_layer, s40 = step40_s(c);
         fprintf(out, "  extrapolated to 40 layers: step %.3f ms = %.2fx its floor of %.3f ms\n",
                 s40 * 1e3, s40 / f40, f40 * 1e3);
@@ -1617,7 +1624,7 @@ void sl_compute_print_summary(sl_compute *c, FILE *out)
             (double)c->t.route_ns / 1e6 * per_step, (double)c->t.wait_ns / 1e6 * per_step,
             (double)c->t.compute_ns / 1e6 * per_step, sl_fetch_client_reconnects(c->client));
     /* The real model has 40 layers: what a step would cost there (step40_s). */
-    if (c->steps_done && c->cfg.n_layer < 40) {
+    if (c->steps_done && c->run_ns && c->cfg.n_layer < 40) { /* run_ns: the run ended well */
         double ms = step40_s(c) * 1e3;
         fprintf(out, "  extrapolated to 40 layers: %.2f ms per token, %.2f tokens/s\n", ms,
                 ms > 0 ? 1000.0 / ms : 0.0);

@@ -301,7 +301,7 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         c->gt_ok = c->gt_occ >= 1;
     }
     const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST);
-    if (dt_smem + 1024 <= (size_t)optin) {           /* + its static arrays */
+    if (dt_smem + 2048 <= (size_t)optin) {           /* + its static arrays */
         for (int n = 1; n <= SL_GPU_MAX_USED; n++) { /* the last sets the largest limit */
             rc = prep_kernel(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>,
                              (int)k_dpt_threads(n, DP_LPR, DP_TD, DP_NG),

@@ -269,7 +269,9 @@ int sl_emu_moe(const sl_moe_shape *shape, const uint16_t *x, const sl_moe_route 
 #define SL_EMU_NORM_LANES 256
 
 /* One row of a Q2_K embedding table (dim values) as bf16 bits: sl_gpu_embed_q2_k's
- * arithmetic, and sl_quant_decode's then sl_f32_to_bf16's. */
+ * arithmetic, and sl_quant_decode's then sl_f32_to_bf16's, bit for bit where the
+ * block's d and dmin are finite (an inf or NaN scale gives NaN on every side, with
+ * the NaN's bits the FPU's). */
 void sl_emu_embed_q2_k(const uint8_t *row, uint32_t dim, uint16_t *out);
 
 /* The residual and the next layer's ffn_norm as the GPU computes them (MODEL.md §2.1),

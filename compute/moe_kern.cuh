@@ -1175,8 +1175,9 @@ inline size_t k_down_tma_smem(int n, uint32_t inter, int td)
  * barrier. A tile of TD rows starts 8-byte aligned only, so each expert's slice is
  * copied as the 16-byte chunks covering it (within the 16-byte aligned tensor) into a
  * slot of k_dpt_cap bytes. The arithmetic and the combine are k_down_tma_q3_k's.
- * Measured (run 7), the persistent shapes lost inside the gate/up -> down chain;
- * compute/moe.cu ships ST 1 (one tile a CTA) with 4 lanes a row (k_dot2_q3_k). */
+ * Measured (run 7), the persistent shapes lost inside the gate/up -> down chain; once
+ * k_dot2_q3_k's decode took fewer instructions (session 6) ST 2 with 2 groups won, and
+ * compute/moe.cu ships it with 4 lanes a row. */
 
 /* Bytes of one expert's slot in a stage (the chunks covering TD rows, any 8-aligned
  * start). */
@@ -1838,9 +1839,9 @@ __global__ void k_combine(const float *__restrict__ part, uint32_t n, uint32_t d
 
 /* q8_1 of h as k_quant_h, for launches with programmatic dependent launch, of the
  * experts whose slot bit is set in mask (gpe groups of 32 an expert; ~0u: all). It lets
- * the next kernel (the down projection) start before it waits: that one's CTAs take
- * the shared memory the gate/up kernel leaves free on an SM and queue their weights
- * while the gate/up's last units run, and wait (k_pdl_wait) before reading h. */
+ * the next kernel (the down projection) launch before it waits: that one's CTAs take
+ * the SMs the gate/up's CTAs leave (its tail), queue their weights there, and wait
+ * (k_pdl_wait) before reading h. */
 __global__ void k_quant_h_pdl(const __grid_constant__ sl_kscratch s, uint32_t groups, uint32_t gpe,
                               uint32_t mask)
 {
