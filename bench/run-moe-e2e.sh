@@ -3,7 +3,8 @@
 # checkpoint generated where it runs, each figure beside the byte floor of its tiers
 # computed from ceilings measured at the start of the same run (bench-ceilings).
 #
-#   (a) every expert in T0 (--t0-preload), (b) T0 of half the experts + T1 for the rest,
+#   (a) every expert in T0 (--t0-preload; also with the 4 layers run 10 times a step: the
+#   real model's 40 layers measured), (b) T0 of half the experts + T1 for the rest,
 #   steady state after --warmup steps, (c) a cold start from disk (fresh fetcher, empty
 #   arena); each with uniform routing and Zipf(1.0) popularity (compute.h); plus the
 #   warm zero-copy path (T1 read in place) for reference, and (b') (b) in the steady state
@@ -60,6 +61,9 @@ done
 for routing in uniform zipf:1.0; do
     run "(a) every expert in T0 (preloaded), routing $routing" --routing "$routing" \
         --t0-slots 1536 --t0-preload --warmup 4
+    # The real model's 40 layers measured: bench-L4's 4 layers run 10 times a step.
+    run "(a) every expert in T0 (preloaded), 40 layers a step (--layer-passes 10), routing $routing" \
+        --routing "$routing" --t0-slots 1536 --t0-preload --warmup 4 --layer-passes 10
     run "(b) T0 of 768 slots (50%) + T1, after $warm warm-up steps, routing $routing" \
         --routing "$routing" --t0-slots 768 --warmup "$warm"
     # The device tier is not full yet after $warm steps of Zipf routing (bench-t0sim):

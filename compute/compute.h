@@ -59,6 +59,10 @@ typedef struct sl_compute_options {
                                takes in (default: freq) */
     int zero_copy;          /* --zero-copy: no T0 even on a discrete GPU */
     uint32_t warmup;        /* --warmup N: steps run before the counters and clocks start */
+    uint32_t passes;        /* --layer-passes N: each step runs the checkpoint's layers N
+                               times (a benchmark of a deeper model on a small checkpoint:
+                               4 layers x 10 = the real model's 40, measured instead of
+                               extrapolated; the synthetic routings pick anew each pass) */
     double ceiling_gbs[4];  /* --ceilings: GB/s of HBM reads, host->device copies, zero-copy
                                reads and the disk (0 = not known), for the byte floors */
     int routing;            /* --routing: enum sl_compute_routing */

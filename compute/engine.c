@@ -159,6 +159,7 @@ struct sl_compute {
     uint64_t hit_t0;
     sl_synth_route synth; /* --routing uniform | zipf: the picks' tables */
     uint64_t step;        /* the step being run */
+    uint32_t pass;        /* the pass over the layers in it (--layer-passes) */
     /* prefetch: predicted experts of the next layer, and how the guesses fared */
     uint32_t predicted[64];
     uint32_t n_predicted;
@@ -180,6 +181,7 @@ void sl_compute_options_default(sl_compute_options *o)
 {
     memset(o, 0, sizeof *o);
     o->steps = 16;
+    o->passes = 1;
     o->seed = 1;
     o->timeout_ms = 60000;
     o->backend = SL_BACKEND_AUTO;
@@ -202,6 +204,7 @@ enum opt_id {
     OPT_T0_ADMIT,
     OPT_ZERO_COPY,
     OPT_WARMUP,
+    OPT_PASSES,
     OPT_CEILINGS,
     OPT_PREFETCH,
     OPT_ROUTING,
@@ -233,6 +236,9 @@ static const sl_opt opt_table[] = {
      "every miss is copied in"},
     {OPT_ZERO_COPY, NULL, "--zero-copy", NULL, "no device tier: kernels read the host arena"},
     {OPT_WARMUP, NULL, "--warmup", "N", "steps run before counters and clocks start (default 0)"},
+    {OPT_PASSES, NULL, "--layer-passes", "N",
+     "run the checkpoint's layers N times a step, as a model N times as deep (benchmarks; "
+     "default 1)"},
     {OPT_CEILINGS, NULL, "--ceilings", "LIST",
      "hbm=G,copy=G,zc=G,disk=G in GB/s (bench-ceilings prints them): the summary then gives "
      "each step's byte floor"},
@@ -334,6 +340,10 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
         case OPT_WARMUP:
             rc = sl_opt_u64(a, v, 0, 1u << 30, &n, err);
             o->warmup = (uint32_t)n;
+            break;
+        case OPT_PASSES:
+            rc = sl_opt_u64(a, v, 1, 1000, &n, err);
+            o->passes = (uint32_t)n;
             break;
         case OPT_CEILINGS:
             rc = parse_ceilings(v, o->ceiling_gbs, err);
@@ -1075,6 +1085,12 @@ static void gspans_flush(sl_compute *c)
 
 /* Route x: on the GPU routing on the device (below); on the CPU backends the router
  * GEMV and the selection of router.c. */
+/* The synthetic routings' step number: each pass over the layers picks anew. */
+static uint64_t synth_step(const sl_compute *c)
+{
+    return c->step * c->opt.passes + c->pass;
+}
+
 static int route_x(sl_compute *c, uint32_t l, layer_w *w, sl_moe_route *route, sl_err *err)
 {
     uint64_t t = sl_now_ns();
@@ -1088,7 +1104,7 @@ static int route_x(sl_compute *c, uint32_t l, layer_w *w, sl_moe_route *route, s
          * replace the picks (the router and the selection still run). */
         sl_moe_route forced;
         const int synth = c->opt.routing != SL_ROUTING_ROUTER;
-        if (synth) sl_synth_route_pick(&c->synth, c->step, l, &forced);
+        if (synth) sl_synth_route_pick(&c->synth, synth_step(c), l, &forced);
         rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
         if (!rc)
             rc = sl_gpu_route_start(c->gpu, c->x_dev, w->router_dev, w->bias_dev,
@@ -1439,7 +1455,7 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     put_held(c);
     if (rc) return sl_err_prefix(err, "layer %u", l);
     if (c->opt.routing != SL_ROUTING_ROUTER && c->backend != SL_BACKEND_GPU)
-        sl_synth_route_pick(&c->synth, c->step, l, &route); /* the GPU's routing took it already */
+        sl_synth_route_pick(&c->synth, synth_step(c), l, &route); /* the GPU's routing took it */
     uint64_t t1 = sl_now_ns();
     rc = gather(c, l, &route, c->held, &c->n_held, err);
     if (!rc && c->opt.prefetch) {
@@ -1487,7 +1503,8 @@ static int step(sl_compute *c, uint64_t s, sl_err *err)
     if (!rc && c->mark_ns && c->backend == SL_BACKEND_GPU) rc = sl_gpu_mark_anchor(c->gpu, err);
 #endif
     lap(c, SUB_START, &t);
-    for (uint32_t l = 0; l < c->cfg.n_layer && !rc; l++) rc = layer_step(c, l, err);
+    for (c->pass = 0; c->pass < c->opt.passes && !rc; c->pass++)
+        for (uint32_t l = 0; l < c->cfg.n_layer && !rc; l++) rc = layer_step(c, l, err);
     t = sl_now_ns();
     if (!rc) rc = residual_norm(c, 1, NULL, err);
 #ifdef SL_HAVE_CUDA
@@ -1536,8 +1553,14 @@ int sl_compute_run(sl_compute *c, sl_err *err)
     return 0;
 }
 
+/* Layers a step runs: the checkpoint's, times --layer-passes. */
+static uint32_t depth(const sl_compute *c)
+{
+    return c->cfg.n_layer * c->opt.passes;
+}
+
 /* A step of the real model's 40 layers: the step's start (embedding) once, the rest
- * of the measured step scaled by 40 / n_layer. The rest stays whole because the host
+ * of the measured step scaled by 40 / depth. The rest stays whole because the host
  * runs ahead of the GPU: the wait at the step's end (h's download) holds GPU work of
  * the last layers, so it is counted as layers' time, not as a cost of the step. */
 static double step40_s(const sl_compute *c)
@@ -1545,7 +1568,7 @@ static double step40_s(const sl_compute *c)
     const double per = 1.0 / (double)c->steps_done;
     const double step = (double)c->run_ns / 1e9 * per;
     const double start = (double)c->t.sub_ns[SUB_START] / 1e9 * per;
-    return start + (step - start) * 40.0 / (double)c->cfg.n_layer;
+    return start + (step - start) * 40.0 / (double)depth(c);
 }
 
 /* The byte floor of a step: the bytes each memory path moved per step, at the
@@ -1574,7 +1597,7 @@ static void print_floor(sl_compute *c, FILE *out)
     double shared = (double)(sl_qtype_row_bytes(c->shape.sh_gate_type, m->dim) * m->moe_inter +
                              sl_qtype_row_bytes(c->shape.sh_up_type, m->dim) * m->moe_inter +
                              sl_qtype_row_bytes(c->shape.sh_down_type, m->moe_inter) * m->dim);
-    double resident = (double)m->n_layer * ((double)m->n_expert * m->dim * 2.0 + shared);
+    double resident = (double)depth(c) * ((double)m->n_expert * m->dim * 2.0 + shared);
     hbm += resident;
     double t_hbm = g[CEIL_HBM] > 0 ? hbm / (g[CEIL_HBM] * 1e9) : 0;
     double t_link = (g[CEIL_COPY] > 0 ? (host - placed) / (g[CEIL_COPY] * 1e9) : 0) +
@@ -1588,13 +1611,13 @@ static void print_floor(sl_compute *c, FILE *out)
             "  byte floor per step: HBM %.1f MB at %.0f GB/s = %.3f ms, host link %.1f MB "
             "(%.1f copied into T0 at %.1f GB/s, %.1f read in place at %.1f GB/s) = %.3f ms, disk "
             "%.1f MB at %.2f GB/s = %.3f ms\n"
-            "  step %.3f ms = %.2fx its floor of %.3f ms (%s-bound)\n",
+            "  step (%u layers) %.3f ms = %.2fx its floor of %.3f ms (%s-bound)\n",
             hbm / 1e6, g[CEIL_HBM], t_hbm * 1e3, host / 1e6, (host - placed) / 1e6, g[CEIL_COPY],
             placed / 1e6, g[CEIL_ZC], t_link * 1e3, disk / 1e6, g[CEIL_DISK], t_disk * 1e3,
-            step_s * 1e3, floor_s > 0 ? step_s / floor_s : 0.0, floor_s * 1e3, bound);
+            depth(c), step_s * 1e3, floor_s > 0 ? step_s / floor_s : 0.0, floor_s * 1e3, bound);
     /* Every layer moves the same bytes: the floor of 40 layers is the measured one scaled. */
-    if (m->n_layer < 40 && floor_s > 0 && step_s > 0) {
-        const double f40 = floor_s * 40.0 / (double)m->n_layer, s40 = step40_s(c);
+    if (depth(c) < 40 && floor_s > 0 && step_s > 0) {
+        const double f40 = floor_s * 40.0 / (double)depth(c), s40 = step40_s(c);
         fprintf(out, "  extrapolated to 40 layers: step %.3f ms = %.2fx its floor of %.3f ms\n",
                 s40 * 1e3, s40 / f40, f40 * 1e3);
     }
@@ -1624,13 +1647,13 @@ void sl_compute_print_summary(sl_compute *c, FILE *out)
             (double)c->t.route_ns / 1e6 * per_step, (double)c->t.wait_ns / 1e6 * per_step,
             (double)c->t.compute_ns / 1e6 * per_step, sl_fetch_client_reconnects(c->client));
     /* The real model has 40 layers: what a step would cost there (step40_s). */
-    if (c->steps_done && c->run_ns && c->cfg.n_layer < 40) { /* run_ns: the run ended well */
+    if (c->steps_done && c->run_ns && depth(c) < 40) { /* run_ns: the run ended well */
         double ms = step40_s(c) * 1e3;
         fprintf(out, "  extrapolated to 40 layers: %.2f ms per token, %.2f tokens/s\n", ms,
                 ms > 0 ? 1000.0 / ms : 0.0);
     }
     if (c->steps_done) {
-        double layers = (double)c->steps_done * c->cfg.n_layer;
+        double layers = (double)c->steps_done * depth(c);
         const char *sep = "";
         fprintf(out, "  per layer (us):");
         for (int k = 0; k < N_SUB; k++)

@@ -552,11 +552,10 @@ extern "C" int sl_gpu_residual_norm(sl_gpu_ctx *c, uint16_t *h, const uint16_t *
     if (dim % SL_EMU_NORM_LANES)
         return sl_err_set(err, SL_EINVAL, "sl_gpu_residual_norm: dim %u is not a multiple of %d",
                           dim, SL_EMU_NORM_LANES);
-    if (dim <= 24 * SL_EMU_NORM_LANES)
-        k_residual_norm<24><<<1, SL_EMU_NORM_LANES, 0, c->main>>>(h, y, w, eps, dim, x);
-    else
-        k_residual_norm<0><<<1, SL_EMU_NORM_LANES, 0, c->main>>>(h, y, w, eps, dim, x);
-    CK_LAUNCH("k_residual_norm");
+    /* PDL: the CTA starts (and loads w) while the down before it drains */
+    CK(k_launch(dim <= 24 * SL_EMU_NORM_LANES ? k_residual_norm<24> : k_residual_norm<0>, 1,
+                SL_EMU_NORM_LANES, 0, c->main, USE_PDL, h, y, w, eps, dim, x),
+       "k_residual_norm");
     return 0;
 }
 

@@ -657,6 +657,27 @@ __device__ __forceinline__ void k_bulk(void *dst, const void *src, uint32_t byte
         : "memory");
 }
 
+/* Asks L2 to fetch bytes (a multiple of 16) at p (16-byte aligned) from global memory,
+ * nothing waiting for them. */
+__device__ __forceinline__ void k_prefetch_l2(const void *p, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
+/* This CTA's share (of gridDim.x) of the down weights of the table's experts into L2,
+ * so that the down launch that follows the gate/up finds them there and HBM stays busy
+ * while the gate/up drains (a bench variant, PFD: measured no faster, the down is
+ * bound by its decode, not by its loads; docs/kernels.md). */
+__device__ __forceinline__ void k_prefetch_downs(const sl_ktab &tab, uint32_t dim, uint32_t inter)
+{
+    const uint64_t bytes = (uint64_t)dim * (inter / 256 * 110); /* a multiple of 16 */
+    const uint64_t lo = bytes * blockIdx.x / gridDim.x & ~(uint64_t)15;
+    const uint64_t hi =
+        blockIdx.x + 1 == gridDim.x ? bytes : bytes * (blockIdx.x + 1) / gridDim.x & ~(uint64_t)15;
+    if (hi > lo)
+        for (int x = 0; x < tab.n; x++) k_prefetch_l2(tab.e[x].down + lo, (uint32_t)(hi - lo));
+}
+
 __device__ __forceinline__ void k_mbar_wait(uint64_t *bar, uint32_t parity)
 {
     uint32_t ok = 0;
@@ -924,7 +945,7 @@ __device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t r
  * takes the first units (unit u: entry (u / tpe + n - 1) % n), so that its first
  * stages are queued before that wait. TR % 4 == 0 keeps a tile a multiple of 16 bytes
  * for every dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
-template <int NW, int TR, int ST, int NG, bool MMA, bool DEV>
+template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD>
 __device__ __forceinline__ void
 k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict__ tabp,
                   const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg, uint32_t dim,
@@ -948,9 +969,14 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
     auto issue_rows = [&](uint32_t k, const sl_kexp &x, uint32_t r0) {
         k_issue_gu_rows<TR>(stage + (size_t)(k % ST) * sb, bar + k % ST, x, r0, rb);
     };
+    bool pfd = !PFD; /* PFD: group 0's first issue past the units prefetches the downs */
     auto issue = [&](uint32_t k) { /* the CTA's k-th unit into stage k % ST */
                                    const uint32_t u = blockIdx.x + k * grid;
-                                   if (u >= units) return;
+                                   if (u >= units) {
+                                       if (!pfd && grp == 0) k_prefetch_downs(tab, dim, inter);
+                                       pfd = true;
+                                       return;
+                                   }
                                    issue_rows(k, tab.e[(u / tpe + rot) % tab.n], (u % tpe) * TR);
     };
     uint64_t *xbar = bar + ST; /* the quantized x (k_quant_x_img) has landed */
@@ -1002,21 +1028,21 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
     }
 }
 
-template <int NW, int TR, int ST, int NG = 1, bool MMA = false>
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                       uint32_t dim, uint32_t inter, float limit,
                       const __grid_constant__ sl_kscratch s)
 {
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, false>(tab, NULL, NULL, tab.e[0], 0, ximg, dim, inter,
-                                                  limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD>(tab, NULL, NULL, tab.e[0], 0, ximg, dim,
+                                                       inter, limit, s);
 }
 
 /* The same with the table in device memory, written by the kernel before it on the
  * stream (k_route_select: the experts the device tier holds, then the shared expert sh
  * when sh_first, whose units then come first); launched for the most experts a token
  * may have, the CTAs beyond the table's units return at once. */
-template <int NW, int TR, int ST, int NG = 1, bool MMA = false>
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_dev_q2_k(const sl_ktab *__restrict__ tabp, const uint8_t *__restrict__ ximg,
                           uint32_t dim, uint32_t inter, float limit,
@@ -1024,8 +1050,8 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
                           int sh_first)
 {
     __shared__ sl_ktab tab;
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, true>(tab, &tab, tabp, sh, sh_first, ximg, dim, inter,
-                                                 limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD>(tab, &tab, tabp, sh, sh_first, ximg, dim,
+                                                      inter, limit, s);
 }
 
 /* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form) */
@@ -2168,6 +2194,15 @@ __global__ void __launch_bounds__(1024)
     __shared__ float pscore[SL_GPU_MAX_USED], thr;
     const uint32_t e = threadIdx.x, lane = e & 31, warp = e >> 5, nw = blockDim.x >> 5;
     const float b = bias && e < n_expert ? bias[e] : 0.0f;
+    /* forced sits in host memory (mapped): each read crosses the bus, so the k threads
+     * of the picks read theirs at once, before the wait (the host wrote it before the
+     * launch) */
+    uint32_t f_ex = 0;
+    float f_wt = 0.0f;
+    if (forced && e < k) {
+        f_ex = forced->expert[e];
+        f_wt = forced->weight[e];
+    }
     if (e == 0) n_cand = 0;
     k_pdl_wait();
     k_pdl_go();
@@ -2208,39 +2243,49 @@ __global__ void __launch_bounds__(1024)
         }
     }
     __syncthreads();
-    if (e) return;
-    uint32_t ex[SL_GPU_MAX_USED];
-    float wt[SL_GPU_MAX_USED];
+    if (warp) return;
+    /* Warp 0, lane r < k: rank r. Every lane adds the k scores in rank order (the
+     * reference's sum); the picks' table entries are read at once, one a lane. */
+    const uint32_t r = lane;
+    const bool mine = r < k;
     float sum = 0.0f;
-    for (uint32_t r = 0; r < k; r++) sum = sl_emu_add(sum, pscore[r]);
+    for (uint32_t q = 0; q < k; q++) sum = sl_emu_add(sum, pscore[q]);
     const float denom = sl_emu_add(sum, 1e-20f);
-    for (uint32_t r = 0; r < k; r++) {
-        ex[r] = forced ? forced->expert[r] : pick[r];
-        wt[r] = forced      ? forced->weight[r]
-                : norm_topk ? sl_emu_mul(sl_emu_div(pscore[r], denom), route_scale)
-                            : sl_emu_mul(pscore[r], route_scale);
+    uint32_t ex = 0;
+    float wt = 0.0f;
+    if (mine) {
+        ex = forced ? f_ex : pick[r];
+        wt = forced      ? f_wt
+             : norm_topk ? sl_emu_mul(sl_emu_div(pscore[r], denom), route_scale)
+                         : sl_emu_mul(pscore[r], route_scale);
     }
-    int n = 0;
-    uint32_t started = 0;
-    for (uint32_t r = 0; r < k; r++) {
-        uint32_t slot = 0; /* sl_emu_moe_order: increasing expert id, stable */
-        for (uint32_t q = 0; q < k; q++) slot += ex[q] < ex[r] || (ex[q] == ex[r] && q < r);
-        out->expert[r] = ex[r];
-        out->weight[r] = wt[r];
-        const sl_gpu_t0e *d = t0 && ex[r] < n_expert ? &t0[ex[r]] : NULL;
-        if (d && d->gate) {
-            const sl_kexp ke = {(const uint8_t *)d->gate, (const uint8_t *)d->up,
-                                (const uint8_t *)d->down, wt[r], (int)slot};
-            tab->e[n++] = ke;
+    sl_gpu_t0e d = {NULL, NULL, NULL};
+    if (mine && t0 && ex < n_expert) d = t0[ex];
+    uint32_t slot = 0; /* sl_emu_moe_order: increasing expert id, stable */
+    for (uint32_t q = 0; q < k; q++) {
+        const uint32_t eq = __shfl_sync(~0u, ex, q);
+        slot += eq < ex || (eq == ex && q < r);
+    }
+    const uint32_t started = __ballot_sync(~0u, mine && d.gate != NULL);
+    if (mine) {
+        out->expert[r] = ex;
+        out->weight[r] = wt;
+        if (started >> r & 1) {
+            const sl_kexp ke = {(const uint8_t *)d.gate, (const uint8_t *)d.up,
+                                (const uint8_t *)d.down, wt, (int)slot};
+            tab->e[__popc(started & ((1u << r) - 1))] = ke; /* by rank among the started */
             out->e[slot] = ke;
-            started |= 1u << r;
         }
     }
-    if (with_sh) tab->e[n++] = sh; /* the shared expert rides along (slot k) */
-    tab->n = n;
-    out->started = started;
-    __threadfence_system(); /* everything above reaches the host before the number */
-    *(volatile uint32_t *)&out->seq = seq;
+    const int n = __popc(started);
+    if (lane == 0) {
+        if (with_sh) tab->e[n] = sh; /* the shared expert rides along (slot k) */
+        tab->n = n + with_sh;
+        out->started = started;
+    }
+    __threadfence_system(); /* every lane's writes reach the host before the number */
+    __syncwarp();
+    if (lane == 0) *(volatile uint32_t *)&out->seq = seq;
 }
 
 /* Entries of the device tier's table: table[index[i]] = value[i], in order. */
@@ -2317,8 +2362,17 @@ static __global__ void __launch_bounds__(SL_EMU_NORM_LANES)
     const uint32_t j = threadIdx.x, ne = dim / SL_EMU_NORM_LANES;
     k_pdl_go(); /* the router may load its weights meanwhile (it waits for x) */
     /* E > 0: thread j keeps its ne <= E elements in registers, every load issued at
-     * once; E == 0: any dim, element by element. Same operations, same order. */
+     * once; E == 0: any dim, element by element. Same operations, same order. The
+     * weights are loaded before the wait for the kernel before (the down, which writes
+     * y; launched with PDL, this CTA starts while it drains). */
     uint16_t hv[E > 0 ? E : 1], yv[E > 0 ? E : 1];
+    float wv[E > 0 ? E : 1];
+    if (E > 0 && w) {
+#pragma unroll
+        for (int q = 0; q < E; q++)
+            if ((uint32_t)q < ne) wv[q] = w[j + q * SL_EMU_NORM_LANES];
+    }
+    k_pdl_wait();
     float acc = 0.0f;
     if (E > 0) {
 #pragma unroll
@@ -2362,7 +2416,8 @@ static __global__ void __launch_bounds__(SL_EMU_NORM_LANES)
         for (int q = 0; q < E; q++)
             if ((uint32_t)q < ne) {
                 const uint32_t i = j + q * SL_EMU_NORM_LANES;
-                x[i] = sl_emu_bf16_bits(sl_emu_mul(w[i], sl_emu_mul(sl_emu_bf16_to_f32(hv[q]), r)));
+                x[i] =
+                    sl_emu_bf16_bits(sl_emu_mul(wv[q], sl_emu_mul(sl_emu_bf16_to_f32(hv[q]), r)));
             }
     } else {
         for (uint32_t i = j; i < dim; i += SL_EMU_NORM_LANES)

@@ -391,3 +391,49 @@ Test(compute, warmup_steps_leave_the_counters_and_floors_are_printed, .timeout =
     }
     rig_close(&r);
 }
+
+/* --layer-passes N runs the layers N times a step: the summary counts N times the
+ * layers (12 here, extrapolated to 40; 42 needs no extrapolation), the second
+ * pass changes the output, and 0 passes is refused. */
+Test(compute, layer_passes_run_the_layers_again, .timeout = 120)
+{
+    rig r = {0};
+    rig_open(&r, 11);
+    char ref[200], out[200];
+    reference(&r, ref, sizeof ref);
+    start_fetcher(&r, "96");
+    snprintf(out, sizeof out, "%s/passes.bin", r.dir);
+    const char *passes[2] = {"2", "7"};
+    const char *layers[2] = {"step (12 layers)", "step (42 layers)"};
+    for (int i = 0; i < 2; i++) {
+        const char *argv[] = {SL_BIN_DIR "/sluice-compute",
+                              "-m",
+                              r.model,
+                              "--endpoint",
+                              r.endpoint,
+                              "-n",
+                              "4",
+                              "--seed",
+                              "5",
+                              "--layer-passes",
+                              passes[i],
+                              "-o",
+                              out,
+                              "--ceilings",
+                              "disk=2.5,hbm=4000,copy=50,zc=45",
+                              NULL};
+        cr_assert_eq(wait_exit(spawn(r.log, argv), 120), 0, "%s", log_tail(r.log));
+        const char *log = log_tail(r.log), *run = log; /* this run's summary: the last */
+        for (const char *p = log; (p = strstr(p, "steps in")); p++) run = p;
+        cr_assert(strstr(run, layers[i]), "%s", log);
+        cr_assert_eq(strstr(run, "extrapolated to 40 layers") != NULL, i == 0, "%s", log);
+    }
+    char cmd[512]; /* the first 4 steps of one pass against the last run's (7 passes) */
+    snprintf(cmd, sizeof cmd, "cmp -s -n %d '%s' '%s'", 4 * 256 * 2, ref, out);
+    cr_assert_neq(system(cmd), 0, "more passes, another h");
+    kill_fetcher(&r, SIGTERM);
+    const char *bad[] = {SL_BIN_DIR "/sluice-compute", "-m", r.model, "--layer-passes", "0", NULL};
+    cr_assert_eq(wait_exit(spawn(r.log, bad), 30), 2);
+    cr_assert(strstr(log_tail(r.log), "--layer-passes"), "%s", log_tail(r.log));
+    rig_close(&r);
+}

@@ -147,6 +147,7 @@ enum {
     G_T8x3_16_3,
     G_T4x2_8_6, /* smaller gate/up stages: a down CTA fits beside it (PDL starts it early) */
     G_T4x2_8_4,
+    G_T4x2_8_4_PF, /* ... prefetching the downs into L2 as its CTAs run out of units */
     G_T4x4_8_4,
     G_T8x2_16_2,
     G_T4x2_8_2,
@@ -188,6 +189,8 @@ struct variant {
 static const variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
     {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, PDL (compute, device weights)", G_T4x2_8_4,
+     D_P4_8_2_2, true},
+    {"gt 2x NW4 TR8 ST4, L2 prefetch of the downs + dp LPR4 TD8 ST2 2x, PDL", G_T4x2_8_4_PF,
      D_P4_8_2_2, true},
     {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST1, one tile a CTA, PDL", G_T4x2_8_4, D_P4_8_1_1, true},
     {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 1x, PDL", G_T4x2_8_4, D_P4_8_2_1, true},
@@ -242,7 +245,7 @@ extern "C" const char *mb_variant_name(int v)
     return variants[v].name;
 }
 
-template <int NW, int TR, int ST, int NG = 1, bool MMA = false>
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false>
 static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
@@ -250,11 +253,11 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
         cudaError_t rc =
-            cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA>,
+            cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess)
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG, MMA>, NG * NW * 32, smem);
+                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD>, NG * NW * 32, smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
         printf("  [gate/up tma%s %dx NW %d TR %d ST %d: %d CTAs/SM, smem %zu]\n", MMA ? " mma" : "",
@@ -267,8 +270,8 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     const uint32_t units = (uint32_t)tab.n * io->inter / TR;
     uint32_t grid = (uint32_t)(occ * n_sm);
     if (grid > units) grid = units;
-    rc = k_launch(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA>, grid, NG * NW * 32, smem, 0, pdl, tab,
-                  (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s);
+    rc = k_launch(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD>, grid, NG * NW * 32, smem, 0, pdl,
+                  tab, (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s);
     if (rc != cudaSuccess) return rc;
     const uint32_t groups = (uint32_t)tab.n * io->inter / 32;
     return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, 0, pdl, s, groups, groups, ~0u);
@@ -488,6 +491,9 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
             break;
         case G_T4x2_8_4:
             rc = gt_launch<4, 8, 4, 2>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T4x2_8_4_PF:
+            rc = gt_launch<4, 8, 4, 2, false, true>(io, tab, s, n_sm, V.pdl);
             break;
         case G_T4x4_8_4:
             rc = gt_launch<4, 8, 4, 4>(io, tab, s, n_sm, V.pdl);
