@@ -1448,7 +1448,8 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     c->mark_layer = gmark(c, 0);
     c->mark_launch = 0;
 #endif
-    int rc = residual_norm(c, l > 0, w, err);
+    /* the last layer's y, also across passes (--layer-passes) */
+    int rc = residual_norm(c, l > 0 || c->pass > 0, w, err);
     lap(c, SUB_NORM, &t);
     sl_moe_route route;
     if (!rc) rc = route_x(c, l, w, &route, err);
