@@ -8,6 +8,7 @@ out=$2
 dir=${3:-/tmp/sluice-bench-L4}
 if ! ls "$dir"/sluice-bench-L4-00001-of-*.gguf >/dev/null 2>&1; then
     "$build/bin/sluice-synth" --preset bench-L4 --out "$dir" --shards 4 --seed 1
+    sync # the new shards on disk before any ceiling is measured (writeback slows reads)
 fi
 first=$(ls "$dir"/sluice-bench-L4-00001-of-*.gguf)
 "$build/bin/sluice-gguf" verify "$first"

@@ -23,6 +23,7 @@ steady=${STEADY:-400}
 cpus=${5:-}
 if ! ls "$dir"/sluice-bench-L4-00001-of-*.gguf >/dev/null 2>&1; then
     "$build/bin/sluice-synth" --preset bench-L4 --out "$dir" --shards 4 --seed 1 --quiet
+    sync # the new shards on disk before any ceiling is measured (writeback slows reads)
 fi
 first=$(ls "$dir"/sluice-bench-L4-00001-of-*.gguf)
 "$build/bin/bench-ceilings" -m "$first" >/tmp/sluice-e2e-ceilings.txt

@@ -9,6 +9,7 @@ dir=${2:-/tmp/sluice-bench-L4}
 steps=${3:-32}
 if ! ls "$dir"/sluice-bench-L4-00001-of-*.gguf >/dev/null 2>&1; then
     "$build/bin/sluice-synth" --preset bench-L4 --out "$dir" --shards 4 --seed 1 --quiet
+    sync # the new shards on disk before any ceiling is measured (writeback slows reads)
 fi
 first=$(ls "$dir"/sluice-bench-L4-00001-of-*.gguf)
 for mode in off on; do
