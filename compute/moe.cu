@@ -80,7 +80,6 @@ struct sl_gpu_ctx {
     /* routing on the device (sl_gpu_route_start / wait) */
     float *logits_dev;                 /* [n_expert] */
     sl_kroute *kroute, *kroute_dev;    /* the picks for the host: pinned, mapped */
-    sl_kroute *kroute_stage;           /* device memory: the picks the device gate/up forwards */
     sl_moe_route *forced, *forced_dev; /* a synthetic routing: pinned, mapped */
     sl_ktab *tab_dev;                  /* the device tier's picks, for gate/up */
     cudaEvent_t ev_picks;              /* route_start's work is done (the spin's watchdog) */
@@ -389,7 +388,6 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
     CK(cudaHostGetDevicePointer((void **)&c->forced_dev, c->forced, 0),
        "cudaHostGetDevicePointer(forced)");
     CK(cudaMalloc((void **)&c->tab_dev, sizeof *c->tab_dev), "cudaMalloc(tab)");
-    CK(cudaMalloc((void **)&c->kroute_stage, sizeof *c->kroute_stage), "cudaMalloc(route stage)");
     for (int i = 0; i < 2; i++) { /* zeroed once: k_quant_x_img never writes the padding */
         CK(cudaMalloc((void **)&c->ximg[i], k_gu4_xbytes(s->dim)), "cudaMalloc(ximg)");
         CK(cudaMemset(c->ximg[i], 0, k_gu4_xbytes(s->dim)), "cudaMemset(ximg)");
@@ -454,7 +452,6 @@ extern "C" void sl_gpu_close(sl_gpu_ctx **pc)
     cudaFreeHost(c->kroute);
     cudaFreeHost(c->forced);
     cudaFree(c->tab_dev);
-    cudaFree(c->kroute_stage);
     cudaFree(c->ximg[0]);
     cudaFree(c->ximg[1]);
     if (c->ev_picks) cudaEventDestroy(c->ev_picks);
@@ -630,9 +627,7 @@ extern "C" int sl_gpu_t0_set(sl_gpu_ctx *c, sl_gpu_t0e *table, const uint32_t *i
     return 0;
 }
 
-/* The selection kernel on logits_dev, writing its picks and (t0) tab_dev: with t0 into
- * kroute_stage (the device gate/up after it forwards them to the host), else straight
- * into the host's kroute. */
+/* The selection kernel on logits_dev, writing kroute and (t0) tab_dev. */
 static cudaError_t launch_select(sl_gpu_ctx *c, const float *bias, const sl_gpu_t0e *t0,
                                  const sl_moe_route *forced, int with_sh)
 {
@@ -641,8 +636,7 @@ static cudaError_t launch_select(sl_gpu_ctx *c, const float *bias, const sl_gpu_
     const uint32_t threads = (s->n_expert + 31) / 32 * 32; /* <= 1024, checked at open */
     return k_launch(k_route_select, 1, threads, 0, c->main, USE_PDL, (const float *)c->logits_dev,
                     bias, s->n_expert, s->n_used, s->norm_topk, s->route_scale, t0, forced,
-                    t0 ? c->kroute_stage : c->kroute_dev, c->tab_dev, c->sh, with_sh, c->route_seq,
-                    t0 ? 0 : 1);
+                    c->kroute_dev, c->tab_dev, c->sh, with_sh, c->route_seq);
 }
 
 /* The selection's picks (mapped memory, complete) into route, zero past n_used. */
@@ -685,7 +679,7 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
         CK(k_launch(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, grid, GT_NG * GT_NW * 32,
                     gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,
                     (const uint8_t *)c->ximg[0], s->dim, s->inter, s->swiglu_limit, c->rs, c->sh,
-                    with_sh, (const sl_kroute *)c->kroute_stage, c->kroute_dev),
+                    with_sh),
            "k_gateup_tma_dev_q2_k");
     }
     /* the watchdog of sl_gpu_route_wait's spin; after the gate/up, since a stream

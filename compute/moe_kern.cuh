@@ -17,7 +17,6 @@
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
-#include <stddef.h>
 #include <stdint.h>
 
 #include <utility>
@@ -41,15 +40,6 @@ struct sl_kexp {
 struct sl_ktab {
     int n;
     sl_kexp e[SL_GPU_MAX_USED];
-};
-
-/* What the device's selection hands the host (pinned, mapped memory). */
-struct sl_kroute {
-    uint32_t expert[SL_GPU_MAX_USED]; /* by rank */
-    float weight[SL_GPU_MAX_USED];
-    uint32_t started;           /* bit r: rank r's gate/up was queued by the device */
-    sl_kexp e[SL_GPU_MAX_USED]; /* by slot (increasing expert id), the started ones */
-    uint32_t seq;               /* written last: the routing's number (the host spins on it) */
 };
 
 /* Scratch of one gate/up -> down pass. */
@@ -552,21 +542,6 @@ __device__ __forceinline__ float k_comb4(float (&a)[4])
     return sl_emu_add(sl_emu_add(a[0], a[2]), sl_emu_add(a[1], a[3]));
 }
 
-/* One warp: the picks the selection left in device memory (pick, to_host 0) to the
- * host's copy (mapped), the number last after a system fence. The gate/up that
- * follows the selection does it, so that the bus writes and their fence are not part of
- * the selection, which everything after it waits for. */
-__device__ __forceinline__ void k_forward_picks(const sl_kroute *__restrict__ pick, sl_kroute *host,
-                                                int lane)
-{
-    constexpr uint32_t words = offsetof(sl_kroute, seq) / 4;
-    for (uint32_t i = (uint32_t)lane; i < words; i += 32)
-        ((volatile uint32_t *)host)[i] = ((const uint32_t *)pick)[i];
-    __threadfence_system();
-    __syncwarp();
-    if (lane == 0) *(volatile uint32_t *)&host->seq = pick->seq;
-}
-
 /* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (k_quant_h
  * follows). One warp step = rows r, r + 1 of gate and up of one expert (8 lanes a
  * row: lanes 0-7 gate r, 8-15 up r, 16-23 gate r+1, 24-31 up r+1), staged with
@@ -974,8 +949,7 @@ template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD>
 __device__ __forceinline__ void
 k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict__ tabp,
                   const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg, uint32_t dim,
-                  uint32_t inter, float limit, const sl_kscratch &s,
-                  const sl_kroute *pick = nullptr, sl_kroute *pick_host = nullptr)
+                  uint32_t inter, float limit, const sl_kscratch &s)
 {
     static_assert(ST % NG == 0, "stages are split evenly between the groups");
     static_assert(!MMA || (NW == 8 && TR == 16), "mma: 2 tiles x 4 block sets = 8 warps");
@@ -1023,16 +997,9 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
         __syncthreads();
         units = (uint32_t)tab.n * tpe;
         rot = sh_first ? (uint32_t)tab.n - 1 : 0;
-        /* CTA 0 (placed first) hands the picks to the host: warp 1, whose fence does not
-         * wait for the stages thread 0 queues */
-        const bool fwd = pick_host && blockIdx.x == 0 && threadIdx.x >= 32 && threadIdx.x < 64;
-        if (blockIdx.x >= units) { /* nothing was queued (early units are < units) */
-            if (fwd) k_forward_picks(pick, pick_host, lane);
-            return;
-        }
+        if (blockIdx.x >= units) return; /* nothing was queued (early units are < units) */
         if (threadIdx.x == 0)
             for (uint32_t k = early; k < ST; k++) issue(k);
-        if (fwd) k_forward_picks(pick, pick_host, lane);
     }
     if (threadIdx.x == 0) {
         if (MMA) *(int4 *)zero = make_int4(0, 0, 0, 0);
@@ -1074,18 +1041,17 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
 /* The same with the table in device memory, written by the kernel before it on the
  * stream (k_route_select: the experts the device tier holds, then the shared expert sh
  * when sh_first, whose units then come first); launched for the most experts a token
- * may have, the CTAs beyond the table's units return at once. pick_host (nullable):
- * CTA 0 copies the selection's picks (pick, device memory) there for the host. */
+ * may have, the CTAs beyond the table's units return at once. */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_dev_q2_k(const sl_ktab *__restrict__ tabp, const uint8_t *__restrict__ ximg,
                           uint32_t dim, uint32_t inter, float limit,
                           const __grid_constant__ sl_kscratch s, const __grid_constant__ sl_kexp sh,
-                          int sh_first, const sl_kroute *pick, sl_kroute *pick_host)
+                          int sh_first)
 {
     __shared__ sl_ktab tab;
     k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD>(tab, &tab, tabp, sh, sh_first, ximg, dim,
-                                                      inter, limit, s, pick, pick_host);
+                                                      inter, limit, s);
 }
 
 /* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form) */
@@ -2198,6 +2164,15 @@ __global__ void __launch_bounds__(NW * 32)
     if (lane == 0) logits[e] = acc;
 }
 
+/* What the device's selection hands the host (pinned, mapped memory). */
+struct sl_kroute {
+    uint32_t expert[SL_GPU_MAX_USED]; /* by rank */
+    float weight[SL_GPU_MAX_USED];
+    uint32_t started;           /* bit r: rank r's gate/up was queued by the device */
+    sl_kexp e[SL_GPU_MAX_USED]; /* by slot (increasing expert id), the started ones */
+    uint32_t seq;               /* written last: the routing's number (the host spins on it) */
+};
+
 /* The selection of router.c on the device, bit for bit (router.h states the rules):
  * scores by score.h, keys = score + bias (NaN -> -inf), the k best keys with the lower
  * index first on ties, weights from the unbiased scores. One CTA, thread e owns expert
@@ -2212,7 +2187,7 @@ __global__ void __launch_bounds__(1024)
     k_route_select(const float *__restrict__ logits, const float *__restrict__ bias,
                    uint32_t n_expert, uint32_t k, int norm_topk, float route_scale,
                    const sl_gpu_t0e *__restrict__ t0, const sl_moe_route *forced, sl_kroute *out,
-                   sl_ktab *tab, sl_kexp sh, int with_sh, uint32_t seq, int to_host)
+                   sl_ktab *tab, sl_kexp sh, int with_sh, uint32_t seq)
 {
     __shared__ float wmax[32], ckey[1024], cscore[1024];
     __shared__ uint32_t cidx[1024], n_cand, pick[SL_GPU_MAX_USED];
@@ -2308,7 +2283,7 @@ __global__ void __launch_bounds__(1024)
         tab->n = n + with_sh;
         out->started = started;
     }
-    if (to_host) __threadfence_system(); /* every lane's writes reach the host first */
+    __threadfence_system(); /* every lane's writes reach the host before the number */
     __syncwarp();
     if (lane == 0) *(volatile uint32_t *)&out->seq = seq;
 }
