@@ -1083,14 +1083,14 @@ static void gspans_flush(sl_compute *c)
 }
 #endif
 
-/* Route x: on the GPU routing on the device (below); on the CPU backends the router
- * GEMV and the selection of router.c. */
 /* The synthetic routings' step number: each pass over the layers picks anew. */
 static uint64_t synth_step(const sl_compute *c)
 {
     return c->step * c->opt.passes + c->pass;
 }
 
+/* Route x: on the GPU routing on the device (below); on the CPU backends the router
+ * GEMV and the selection of router.c. */
 static int route_x(sl_compute *c, uint32_t l, layer_w *w, sl_moe_route *route, sl_err *err)
 {
     uint64_t t = sl_now_ns();
