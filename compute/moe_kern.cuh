@@ -118,7 +118,7 @@ __device__ __forceinline__ void k_span_store(const int4 (&v)[MAXV], int4 *dst, i
 /* Eight consecutive 32-bit words at a 2-byte aligned shared address. The aligned
  * pointer is p moved back, not p's integer masked: a pointer rebuilt from an integer
  * loses its address space, and the loads become generic ones (ld instead of ld.shared,
- * waited on like global loads: bench/results/2026-12-01-s8-ncu.txt). */
+ * waited on like global loads: bench/results/2026-12-01-s8-stalls.md). */
 __device__ __forceinline__ void k_ld8(const uint8_t *p, uint32_t (&w)[8])
 {
     const uintptr_t a = (uintptr_t)p;
@@ -545,69 +545,6 @@ __device__ __forceinline__ float k_comb4(float (&a)[4])
     return sl_emu_add(sl_emu_add(a[0], a[2]), sl_emu_add(a[1], a[3]));
 }
 
-/* Half of k_dot4_q2_k's lane (j, m): the two accumulators s = 2 * sh + i (i = 0, 1), so
- * that 16 lanes share a row. Each accumulator sees the same blocks and f32 steps as in
- * k_dot4_q2_k, so the bits are the same. */
-__device__ __forceinline__ void k_dot2h_q2_k(const uint8_t *row, const int8_t *aq, const float *ad,
-                                             const int *as, uint32_t nb, int j, int m, int sh,
-                                             float (&acc)[2])
-{
-    acc[0] = 0.0f;
-    acc[1] = 0.0f;
-    for (uint32_t b = m; b < nb; b += 4) {
-        const uint8_t *blk = row + 84 * b;
-        const uint32_t *qw = (const uint32_t *)(blk + 16 + 32 * j);
-        uint32_t w[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = qw[i];
-        const uint32_t scw = ((const uint32_t *)(blk + 8 * j))[sh];
-        const uint32_t dd = *(const uint32_t *)(blk + 80);
-        const float d = __half2float(__ushort_as_half((unsigned short)(dd & 0xffffu)));
-        const float dmin = __half2float(__ushort_as_half((unsigned short)(dd >> 16)));
-        const int4 s16 = *(const int4 *)(as + 16 * b + 8 * j + 4 * (b >> 1) + 4 * sh);
-        const float2 d8 = *(const float2 *)(ad + 8 * b + 4 * j + 2 * sh);
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int s = 2 * sh + i;
-            const int4 *aw = (const int4 *)(aq + 288 * b + 144 * j + 32 * s); /* padded */
-            const int4 a0 = aw[0], a1 = aw[1];
-            const uint32_t mk = 0x03030303u << (2 * s);
-            int c0 = 0, c1 = 0;
-            c0 = k_dp4a_us(w[0] & mk, a0.x, c0);
-            c0 = k_dp4a_us(w[1] & mk, a0.y, c0);
-            c0 = k_dp4a_us(w[2] & mk, a0.z, c0);
-            c0 = k_dp4a_us(w[3] & mk, a0.w, c0);
-            c1 = k_dp4a_us(w[4] & mk, a1.x, c1);
-            c1 = k_dp4a_us(w[5] & mk, a1.y, c1);
-            c1 = k_dp4a_us(w[6] & mk, a1.z, c1);
-            c1 = k_dp4a_us(w[7] & mk, a1.w, c1);
-            c0 >>= 2 * s;
-            c1 >>= 2 * s;
-            const uint32_t sc = scw >> (16 * i);
-            const int isum = (int)(sc & 15) * c0 + (int)((sc >> 8) & 15) * c1;
-            const int imin = (int)((sc >> 4) & 15) * (i ? s16.z : s16.x) +
-                             (int)((sc >> 12) & 15) * (i ? s16.w : s16.y);
-            const float p = sl_emu_mul(d, k_i2f(isum));
-            const float v = sl_emu_fma(-dmin, k_i2f(imin), p);
-            acc[i] = sl_emu_fma(i ? d8.y : d8.x, v, acc[i]);
-        }
-    }
-}
-
-/* k_comb4's tree over the 16 lanes n = j + 2m + 8sh of a row holding k_dot2h_q2_k's two
- * accumulators: xor 4, 2, 1 as there, then its inside step (a0 + a2) + (a1 + a3) as the
- * exchange over sh (xor 8) and the sum inside the lane. All 16 lanes end with the sum. */
-__device__ __forceinline__ float k_comb2h(float (&a)[2])
-{
-#pragma unroll
-    for (int off = 4; off >= 1; off >>= 1)
-#pragma unroll
-        for (int i = 0; i < 2; i++) a[i] = sl_emu_add(a[i], __shfl_xor_sync(~0u, a[i], off));
-#pragma unroll
-    for (int i = 0; i < 2; i++) a[i] = sl_emu_add(a[i], __shfl_xor_sync(~0u, a[i], 8));
-    return sl_emu_add(a[0], a[1]);
-}
-
 /* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (k_quant_h
  * follows). One warp step = rows r, r + 1 of gate and up of one expert (8 lanes a
  * row: lanes 0-7 gate r, 8-15 up r, 16-23 gate r+1, 24-31 up r+1), staged with
@@ -999,30 +936,6 @@ __device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t r
     if (warp == 0 && lane == 0) stage_free();
 }
 
-/* The same with 16 lanes a row (k_dot2h_q2_k): a warp takes row p of gate (lanes
- * 0-15) and of up (16-31), so a unit of TR rows keeps TR warps busy. */
-template <int NW, int TR, int NG, typename F>
-__device__ __forceinline__ void
-k_gateup_dp4a_unit16(const uint8_t *st, uint32_t rb, uint32_t nb, const int8_t *aq, const float *ad,
-                     const int *as, int grp, int warp, int lane, const sl_kexp &ex, float *h,
-                     float limit, F &&stage_free)
-{
-    const int n = lane & 15;
-    for (int p = warp; p < TR; p += NW) {
-        const uint8_t *row = st + (lane >> 4) * TR * rb + p * rb;
-        float a[2];
-        k_dot2h_q2_k(row, aq, ad, as, nb, n & 1, (n >> 1) & 3, n >> 3, a);
-        const float v = k_comb2h(a);
-        const float o = __shfl_xor_sync(~0u, v, 16); /* gate lanes get their up */
-        if (lane == 0) h[p] = sl_emu_swiglu(v, o, ex.w, limit);
-    }
-    if (NG == 1)
-        __syncthreads();
-    else
-        k_group_bar<NW>(grp);
-    if (warp == 0 && lane == 0) stage_free();
-}
-
 /* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (k_quant_h
  * follows). Persistent: CTA c takes the units u = c, c + grid, ..., a unit being rows
  * [r0, r0 + TR) of gate and up of one expert, ST units in flight. NG groups of NW
@@ -1035,7 +948,7 @@ k_gateup_dp4a_unit16(const uint8_t *st, uint32_t rb, uint32_t nb, const int8_t *
  * takes the first units (unit u: entry (u / tpe + n - 1) % n), so that its first
  * stages are queued before that wait. TR % 4 == 0 keeps a tile a multiple of 16 bytes
  * for every dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
-template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, int LR = 8>
+template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD>
 __device__ __forceinline__ void
 k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict__ tabp,
                   const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg, uint32_t dim,
@@ -1112,39 +1025,36 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
         if (MMA)
             k_gateup_mma_unit<NW>(st, rb, nb, aq, ad, as, zero, red, grp, warp, lane, ex, h, limit,
                                   stage_free);
-        else if (LR == 16)
-            k_gateup_dp4a_unit16<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane, ex, h, limit,
-                                             stage_free);
         else
             k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane, ex, h, limit,
                                            stage_free);
     }
 }
 
-template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, int LR = 8>
-__global__ void __launch_bounds__(NG *NW * 32, LR == 16 ? 2 : 1)
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false>
+__global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                       uint32_t dim, uint32_t inter, float limit,
                       const __grid_constant__ sl_kscratch s)
 {
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD, LR>(tab, NULL, NULL, tab.e[0], 0, ximg, dim,
-                                                           inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD>(tab, NULL, NULL, tab.e[0], 0, ximg, dim,
+                                                       inter, limit, s);
 }
 
 /* The same with the table in device memory, written by the kernel before it on the
  * stream (k_route_select: the experts the device tier holds, then the shared expert sh
  * when sh_first, whose units then come first); launched for the most experts a token
  * may have, the CTAs beyond the table's units return at once. */
-template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, int LR = 8>
-__global__ void __launch_bounds__(NG *NW * 32, LR == 16 ? 2 : 1)
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false>
+__global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_dev_q2_k(const sl_ktab *__restrict__ tabp, const uint8_t *__restrict__ ximg,
                           uint32_t dim, uint32_t inter, float limit,
                           const __grid_constant__ sl_kscratch s, const __grid_constant__ sl_kexp sh,
                           int sh_first)
 {
     __shared__ sl_ktab tab;
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, LR>(tab, &tab, tabp, sh, sh_first, ximg, dim,
-                                                          inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD>(tab, &tab, tabp, sh, sh_first, ximg, dim,
+                                                      inter, limit, s);
 }
 
 /* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form) */
@@ -1304,10 +1214,9 @@ __host__ __device__ inline uint32_t k_dpt_cap(uint32_t inter, int td)
 {
     return ((uint32_t)td * (inter / 256 * 110) + 15) / 16 * 16 + 16;
 }
-/* hs: the experts' q8_1 h (codes, scales) copied in after the stages (k_down_ptv_q3_k) */
-inline size_t k_dpt_smem(int n, uint32_t inter, int td, int st, bool hs = false)
+inline size_t k_dpt_smem(int n, uint32_t inter, int td, int st)
 {
-    return (size_t)st * n * k_dpt_cap(inter, td) + (hs ? (size_t)n * (inter + inter / 8) : 0);
+    return (size_t)st * n * k_dpt_cap(inter, td);
 }
 inline uint32_t k_dpt_threads(int n, int lpr, int td, int ng)
 {
@@ -1398,10 +1307,9 @@ __device__ __forceinline__ void k_mma2_q3_k(const uint8_t *tile, uint32_t rb,
 
 /* The two accumulators (groups g = 4j + q and g + 2 of every block, in increasing b)
  * of lane sub = 2j + q of one Q3_K row (4 lanes a row; row 2-byte aligned in shared
- * memory; the activation read through L1, or with SH from shared memory). The two groups share
- * their qs, hmask and scale words (shifts 2q and 2q + 4), which halves the shared-memory loads and
+ * memory; the activation read through L1). The two groups share their qs, hmask and
+ * scale words (shifts 2q and 2q + 4), which halves the shared-memory loads and
  * realignments of k_dot_q3_k per weight. */
-template <bool SH = false>
 __device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__restrict__ aq,
                                             const float *__restrict__ ad, uint32_t nb, int sub,
                                             float (&acc)[2])
@@ -1430,8 +1338,7 @@ __device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__
         const uint32_t sc = ((__byte_perm(sw[0], sw[1], sel_lo) >> ns) & 0x0F0F0F0Fu) |
                             (((hb >> ns) & 0x00000303u) | ((hb >> (ns + 2)) & 0x03030000u)) << 4;
         const int4 *aw = (const int4 *)(aq + 256 * b + 32 * g);
-        const int4 x0 = k_ld_act<SH>(aw), x1 = k_ld_act<SH>(aw + 1), y0 = k_ld_act<SH>(aw + 4),
-                   y1 = k_ld_act<SH>(aw + 5);
+        const int4 x0 = __ldg(aw), x1 = __ldg(aw + 1), y0 = __ldg(aw + 4), y1 = __ldg(aw + 5);
         const int av[2][8] = {{x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w},
                               {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w}};
         int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0}; /* [2 * group + half] */
@@ -1454,7 +1361,7 @@ __device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__
             const int s0 = (int)((sc >> (16 * i)) & 63u) - 32;
             const int s1 = (int)((sc >> (16 * i + 8)) & 63u) - 32;
             acc[i] = sl_emu_q3_k_step(acc[i], d, s0 * c[2 * i] + s1 * c[2 * i + 1],
-                                      k_ld_act<SH>(ad + 8 * b + g + 2 * i));
+                                      __ldg(ad + 8 * b + g + 2 * i));
         }
     }
 }
@@ -1475,7 +1382,7 @@ __device__ __forceinline__ float k_comb22(float (&a)[2])
  * k_dot2_q3_k), a group of n*TD*LPR threads (warp-aligned: TD*LPR % 32 == 0), the
  * bf16-rounded outputs meet in shared memory and TD threads of the group add them in
  * table order (increasing expert id), then `extra`. blockDim = NG*n*TD*LPR. */
-template <int LPR, int TD, int ST, int NG, bool MMA, bool HS = false, bool EI = false>
+template <int LPR, int TD, int ST, int NG, bool MMA, bool EI>
 __device__ __forceinline__ void
 k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *__restrict__ hd,
                uint32_t dim, uint32_t inter, const float *__restrict__ extra,
@@ -1486,13 +1393,11 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
     static_assert(TD * LPR % 32 == 0, "an expert's rows fill whole warps");
     static_assert(!MMA || (TD == 16 && LPR == 4 && NG == 1),
                   "mma: two warps (halves h) an expert's 16 rows");
-    static_assert(!HS || !MMA, "h in shared memory: the dp4a forms");
-    static_assert(!EI || (!MMA && TD * LPR == 32), "early issue: a warp an expert's rows");
+    static_assert(!EI || (!MMA && TD * LPR == 32), "early refill: a warp an expert's rows");
     __shared__ float2 red[MMA ? SL_GPU_MAX_USED : 1][32]; /* mma: the h = 1 warps' sums */
     extern __shared__ int4 k_smem[];
     __shared__ float ys[NG][2][SL_GPU_MAX_USED][TD];
     __shared__ uint64_t bar[ST][SL_GPU_MAX_USED]; /* one an expert: its warps start as it lands */
-    __shared__ uint64_t hbar;                     /* HS: the experts' h has landed */
     const uint32_t rb = inter / 256 * 110, nb = inter / 256, cap = k_dpt_cap(inter, TD);
     const uint32_t tiles = dim / TD, grid = gridDim.x;
     const int n = tab.n, gsz = n * TD * LPR;
@@ -1514,34 +1419,14 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
     auto issue = [&](uint32_t k) {
         for (int x = 0; x < n; x++) issue_one(k, x);
     };
-    /* HS: every expert's q8_1 h follows the stages, codes then scales, in table order */
-    int8_t *hqs = (int8_t *)(stage + (size_t)ST * n * cap);
-    float *hds = (float *)(hqs + (size_t)n * inter);
-    if (HS && threadIdx.x == 0) k_mbar_init(&hbar, 1); /* fenced by k_pipe_start */
     k_pipe_start<ST>(&bar[0][0], ST * SL_GPU_MAX_USED, [&](uint32_t k) {
         issue(k);
         return true;
     });
-    if (HS && threadIdx.x == 0) { /* after the wait: the kernel before wrote h */
-        k_mbar_expect(&hbar, (uint32_t)n * (inter + inter / 8));
-        for (int x = 0; x < n; x++) {
-            const size_t sl = (size_t)tab.e[x].slot;
-            k_bulk(hqs + (size_t)x * inter, hq + sl * inter, inter, &hbar);
-            k_bulk(hds + (size_t)x * (inter / 32), hd + sl * (inter / 32), inter / 8, &hbar);
-        }
-    }
-    __syncthreads(); /* the barriers are initialised */
-    const int8_t *aq;
-    const float *adp;
-    if (HS) {
-        aq = hqs + (size_t)(e < n ? e : 0) * inter;
-        adp = hds + (size_t)(e < n ? e : 0) * (inter / 32);
-        k_mbar_wait(&hbar, 0);
-    } else {
-        const int hs = e < n ? tab.e[e].slot : 0; /* the expert's row of h */
-        aq = hq + (size_t)hs * inter;
-        adp = hd + (size_t)hs * (inter / 32);
-    }
+    __syncthreads();                          /* the barriers are initialised */
+    const int hs = e < n ? tab.e[e].slot : 0; /* the expert's row of h */
+    const int8_t *aq = hq + (size_t)hs * inter;
+    const float *adp = hd + (size_t)hs * (inter / 32);
     for (uint32_t k = grp; blockIdx.x + k * grid < tiles; k += NG) {
         const uint32_t t = blockIdx.x + k * grid;
         const uint32_t off = (uint32_t)(((size_t)t * TD * rb) & 15);
@@ -1569,10 +1454,10 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
         } else {
             float a;
             if (LPR == 8) {
-                a = k_butterfly(k_dot_q3_k<HS>(row, aq, adp, nb, sub), 4);
+                a = k_butterfly(k_dot_q3_k(row, aq, adp, nb, sub), 4);
             } else {
                 float acc[2];
-                k_dot2_q3_k<HS>(row, aq, adp, nb, sub, acc);
+                k_dot2_q3_k(row, aq, adp, nb, sub, acc);
                 a = k_comb22(acc);
             }
             if (EI) { /* the expert's slot is its warp's alone: refill it before the
@@ -1608,29 +1493,18 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
     }
 }
 
-template <int LPR, int TD, int ST, int NG>
+/* EI (whenever an expert's rows are one warp): each expert's warp refills its slot of the
+ * stage as soon as it is done with it; else thread 0 refills the stage after the group's
+ * barrier (bench/results/2026-12-01-s8-stalls.md). */
+template <int LPR, int TD, int ST, int NG, bool EI = TD *LPR == 32>
 __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
     k_down_pt_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
                    const float *__restrict__ hd, uint32_t dim, uint32_t inter,
                    const float *__restrict__ extra, float *__restrict__ out_f32,
                    uint16_t *__restrict__ out_bf16, float *__restrict__ part = nullptr)
 {
-    k_down_pt_body<LPR, TD, ST, NG, false>(tab, hq, hd, dim, inter, extra, out_f32, out_bf16, part);
-}
-
-/* Bench forms: HS, the experts' q8_1 h bulk-copied into shared memory after the stages
- * (k_dpt_smem with hs), read there instead of through L1; EI, each expert's warp
- * refills its slot of the stage as soon as it is done with it, not after the group's
- * barrier. */
-template <int LPR, int TD, int ST, int NG, bool HS, bool EI>
-__global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
-    k_down_ptv_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
-                    const float *__restrict__ hd, uint32_t dim, uint32_t inter,
-                    const float *__restrict__ extra, float *__restrict__ out_f32,
-                    uint16_t *__restrict__ out_bf16, float *__restrict__ part = nullptr)
-{
-    k_down_pt_body<LPR, TD, ST, NG, false, HS, EI>(tab, hq, hd, dim, inter, extra, out_f32,
-                                                   out_bf16, part);
+    k_down_pt_body<LPR, TD, ST, NG, false, EI>(tab, hq, hd, dim, inter, extra, out_f32, out_bf16,
+                                               part);
 }
 
 /* The mma form (LPR 4, TD 16): 64 registers, so that 2 CTAs fit an SM. */
@@ -1641,7 +1515,8 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR, 2)
                     const float *__restrict__ extra, float *__restrict__ out_f32,
                     uint16_t *__restrict__ out_bf16, float *__restrict__ part = nullptr)
 {
-    k_down_pt_body<LPR, TD, ST, NG, true>(tab, hq, hd, dim, inter, extra, out_f32, out_bf16, part);
+    k_down_pt_body<LPR, TD, ST, NG, true, false>(tab, hq, hd, dim, inter, extra, out_f32, out_bf16,
+                                                 part);
 }
 
 /* The bulk-copy down kernel of a configuration (mma or dp4a). */

@@ -148,7 +148,6 @@ enum {
     G_T4x2_8_6, /* smaller gate/up stages: a down CTA fits beside it (PDL starts it early) */
     G_T4x2_8_4,
     G_T4x2_8_4_PF, /* ... prefetching the downs into L2 as its CTAs run out of units */
-    G_T8x2_8_4_16, /* 16 lanes a row: 8 warps a group of TR 8 */
     G_T4x4_8_4,
     G_T8x2_16_2,
     G_T4x2_8_2,
@@ -176,11 +175,7 @@ enum {
     D_P4_8_4_2,
     D_P8_4_1_1,
     D_P4_8_2_2,
-    D_P4_8_2_2H, /* the experts' h in shared memory */
-    D_P4_8_2_1H,
-    D_P4_8_2_2E, /* each expert's warp refills its slot early */
-    D_P4_8_2_1E,
-    D_P4_8_2_2HE,
+    D_P4_8_2_2L, /* the stage refilled after the group's barrier (before session 8) */
     D_P4_8_1_1,
     D_M2_16_1_1,
     D_FUSED /* none: the gate/up launch is the fused layer kernel */
@@ -198,18 +193,9 @@ static const variant variants[] = {
      D_P4_8_2_2, true},
     {"gt 2x NW4 TR8 ST4, L2 prefetch of the downs + dp LPR4 TD8 ST2 2x, PDL", G_T4x2_8_4_PF,
      D_P4_8_2_2, true},
-    {"gt 2x NW8 TR8 ST4, 16 lanes a row + dp LPR4 TD8 ST2 2x, PDL", G_T8x2_8_4_16, D_P4_8_2_2,
-     true},
-    {"gt 2x NW8 TR8 ST4, 16 lanes a row + dp LPR4 TD8 ST2 2x, early refill, PDL", G_T8x2_8_4_16,
-     D_P4_8_2_2E, true},
-    {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, h in shared memory, PDL", G_T4x2_8_4, D_P4_8_2_2H,
-     true},
-    {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 1x, h in shared memory, PDL", G_T4x2_8_4, D_P4_8_2_1H,
-     true},
-    {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, early refill, PDL", G_T4x2_8_4, D_P4_8_2_2E, true},
-    {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 1x, early refill, PDL", G_T4x2_8_4, D_P4_8_2_1E, true},
-    {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, h in shared memory, early refill, PDL", G_T4x2_8_4,
-     D_P4_8_2_2HE, true},
+    {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, stage refilled after the barrier (compute until "
+     "session 7), PDL",
+     G_T4x2_8_4, D_P4_8_2_2L, true},
     {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST1, one tile a CTA, PDL", G_T4x2_8_4, D_P4_8_1_1, true},
     {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 1x, PDL", G_T4x2_8_4, D_P4_8_2_1, true},
     {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST3 1x, PDL", G_T4x2_8_4, D_P4_8_3_1, true},
@@ -263,7 +249,7 @@ extern "C" const char *mb_variant_name(int v)
     return variants[v].name;
 }
 
-template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, int LR = 8>
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false>
 static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
@@ -271,15 +257,15 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
         cudaError_t rc =
-            cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, LR>,
+            cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess)
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, LR>, NG * NW * 32, smem);
+                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD>, NG * NW * 32, smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
-        printf("  [gate/up tma%s %dx NW %d TR %d ST %d LR %d: %d CTAs/SM, smem %zu]\n",
-               MMA ? " mma" : "", NG, NW, TR, ST, LR, occ, smem);
+        printf("  [gate/up tma%s %dx NW %d TR %d ST %d: %d CTAs/SM, smem %zu]\n", MMA ? " mma" : "",
+               NG, NW, TR, ST, occ, smem);
     }
     if (k_gu4_xbytes(io->dim) > 16384) return cudaErrorInvalidValue; /* io->ximg's size */
     cudaError_t rc =
@@ -288,7 +274,7 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     const uint32_t units = (uint32_t)tab.n * io->inter / TR;
     uint32_t grid = (uint32_t)(occ * n_sm);
     if (grid > units) grid = units;
-    rc = k_launch(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, LR>, grid, NG * NW * 32, smem, 0, pdl,
+    rc = k_launch(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD>, grid, NG * NW * 32, smem, 0, pdl,
                   tab, (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s);
     if (rc != cudaSuccess) return rc;
     const uint32_t groups = (uint32_t)tab.n * io->inter / 32;
@@ -353,13 +339,13 @@ static cudaError_t dt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
 }
 
 /* The persistent down: as many CTAs as fit (ST 1: one CTA per tile). */
-template <int LPR, int TD, int ST, int NG, bool MMA = false, bool HS = false, bool EI = false>
+template <int LPR, int TD, int ST, int NG, bool MMA = false, bool EI = TD *LPR == 32>
 static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
-    constexpr auto fn = HS || EI ? &k_down_ptv_q3_k<LPR, TD, ST, NG, HS, EI>
-                                 : k_down_kern<LPR, TD, ST, NG, MMA>::fn;
-    const size_t smem = k_dpt_smem(tab.n, io->inter, TD, ST, HS);
+    constexpr auto fn =
+        MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn : &k_down_pt_q3_k<LPR, TD, ST, NG, EI>;
+    const size_t smem = k_dpt_smem(tab.n, io->inter, TD, ST);
     const uint32_t threads = k_dpt_threads(tab.n, LPR, TD, NG);
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
@@ -369,9 +355,8 @@ static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, threads, smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
-        printf("  [down pt%s%s%s LPR %d TD %d ST %d NG %d: %d CTAs/SM, %u threads, smem %zu]\n",
-               MMA ? " mma" : "", HS ? " h-in-smem" : "", EI ? " early-issue" : "", LPR, TD, ST, NG,
-               occ, threads, smem);
+        printf("  [down pt%s%s LPR %d TD %d ST %d NG %d: %d CTAs/SM, %u threads, smem %zu]\n",
+               MMA ? " mma" : "", EI ? " early refill" : "", LPR, TD, ST, NG, occ, threads, smem);
     }
     const uint32_t tiles = io->dim / TD;
     uint32_t grid = ST == 1 ? tiles : (uint32_t)(occ * n_sm);
@@ -510,9 +495,6 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         case G_T4x2_8_4:
             rc = gt_launch<4, 8, 4, 2>(io, tab, s, n_sm, V.pdl);
             break;
-        case G_T8x2_8_4_16:
-            rc = gt_launch<8, 8, 4, 2, false, false, 16>(io, tab, s, n_sm, V.pdl);
-            break;
         case G_T4x2_8_4_PF:
             rc = gt_launch<4, 8, 4, 2, false, true>(io, tab, s, n_sm, V.pdl);
             break;
@@ -557,16 +539,8 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         return dp_launch<8, 4, 1, 1>(io, tab, s, n_sm, V.pdl);
     case D_P4_8_2_2:
         return dp_launch<4, 8, 2, 2>(io, tab, s, n_sm, V.pdl);
-    case D_P4_8_2_2H:
-        return dp_launch<4, 8, 2, 2, false, true>(io, tab, s, n_sm, V.pdl);
-    case D_P4_8_2_1H:
-        return dp_launch<4, 8, 2, 1, false, true>(io, tab, s, n_sm, V.pdl);
-    case D_P4_8_2_2E:
-        return dp_launch<4, 8, 2, 2, false, false, true>(io, tab, s, n_sm, V.pdl);
-    case D_P4_8_2_1E:
-        return dp_launch<4, 8, 2, 1, false, false, true>(io, tab, s, n_sm, V.pdl);
-    case D_P4_8_2_2HE:
-        return dp_launch<4, 8, 2, 2, false, true, true>(io, tab, s, n_sm, V.pdl);
+    case D_P4_8_2_2L:
+        return dp_launch<4, 8, 2, 2, false, false>(io, tab, s, n_sm, V.pdl);
     case D_P4_8_1_1:
         return dp_launch<4, 8, 1, 1>(io, tab, s, n_sm, V.pdl);
     case D_M2_16_1_1:
