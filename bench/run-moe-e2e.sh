@@ -54,9 +54,9 @@ run() {
         $ceilings $cpin "$@" 2>&1 | grep -v '^  \(experts  \|T1 host\|GPU  \|T0 dev\|GPU left\)' |
         grep -v 'memory plan:\|layers, dim'
 }
-# Each cold start gets its own disk ceiling, measured just before it: the virtual disk of
-# the GPU box serves bytes read a moment ago (by the ceiling, the last run) from its host's
-# cache, so one ceiling from the start put a later cold run below its floor (0.87x).
+# Each cold start gets its own ceilings, measured just before it: the GPU box's virtual
+# disk reads at 1.2-1.9 GB/s from one minute to the next (bench-ceilings takes the best
+# of three queue depths; 16 threads alone were beaten by the fetcher by 30-40%).
 all_ceilings=$ceilings
 for routing in uniform zipf:1.0; do
     start_fetcher
