@@ -1,7 +1,8 @@
 #!/bin/sh
 # run-moe-e2e.sh - issue [4] point 7: sluice-compute's GPU path end to end on a bench-L4
 # checkpoint generated where it runs, each figure beside the byte floor of its tiers
-# computed from ceilings measured at the start of the same run (bench-ceilings).
+# computed from ceilings measured in the same run (bench-ceilings), just before the runs
+# they serve.
 #
 #   (a) every expert in T0 (--t0-preload; also with the 4 layers run 10 times a step: the
 #   real model's 40 layers measured), (b) T0 of half the experts + T1 for the rest,
@@ -26,9 +27,12 @@ if ! ls "$dir"/sluice-bench-L4-00001-of-*.gguf >/dev/null 2>&1; then
     sync # the new shards on disk before any ceiling is measured (writeback slows reads)
 fi
 first=$(ls "$dir"/sluice-bench-L4-00001-of-*.gguf)
-"$build/bin/bench-ceilings" -m "$first" >/tmp/sluice-e2e-ceilings.txt
-cat /tmp/sluice-e2e-ceilings.txt
-ceilings=$(tail -n 1 /tmp/sluice-e2e-ceilings.txt)
+# The ceilings (printed) into $ceilings, the --ceilings argument of the runs that follow.
+measure_ceilings() {
+    "$build/bin/bench-ceilings" -m "$first" >/tmp/sluice-e2e-ceilings.txt
+    cat /tmp/sluice-e2e-ceilings.txt
+    ceilings=$(tail -n 1 /tmp/sluice-e2e-ceilings.txt)
+}
 fpin=""
 cpin=""
 if [ -n "$cpus" ]; then
@@ -54,19 +58,17 @@ run() {
         $ceilings $cpin "$@" 2>&1 | grep -v '^  \(experts  \|T1 host\|GPU  \|T0 dev\|GPU left\)' |
         grep -v 'memory plan:\|layers, dim'
 }
-# Each cold start gets its own ceilings, measured just before it: the GPU box's virtual
-# disk reads at 1.2-1.9 GB/s from one minute to the next (bench-ceilings takes the best
-# of three queue depths; 16 threads alone were beaten by the fetcher by 30-40%).
-all_ceilings=$ceilings
+# Each cold start gets its own ceilings, measured just before it, and the warm runs one
+# set after them: the GPU box's virtual disk reads at 1.2-1.9 GB/s from one minute to
+# the next (bench-ceilings takes the best of three queue depths; 16 threads alone were
+# beaten by the fetcher by 30-40%).
 for routing in uniform zipf:1.0; do
     start_fetcher
     [ -n "${SKIP_COLD:-}" ] && continue
-    "$build/bin/bench-ceilings" -m "$first" >/tmp/sluice-e2e-ceilings.txt
-    ceilings=$(tail -n 1 /tmp/sluice-e2e-ceilings.txt)
-    echo "ceilings for this cold start: $ceilings"
+    measure_ceilings
     run "(c) cold start from disk, T0 auto, routing $routing" --routing "$routing"
 done
-ceilings=$all_ceilings
+measure_ceilings
 for routing in uniform zipf:1.0; do
     run "(a) every expert in T0 (preloaded), routing $routing" --routing "$routing" \
         --t0-slots 1536 --t0-preload --warmup 4
