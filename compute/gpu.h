@@ -231,6 +231,19 @@ int sl_gpu_mark_copy(sl_gpu_ctx *ctx, uint32_t *id, sl_err *err);
 /* ns[0..*n): the batch's times (ns[0] the anchor's); the batch is then over. */
 int sl_gpu_marks_read(sl_gpu_ctx *ctx, uint64_t *ns, uint32_t *n, sl_err *err);
 
+/* Bench hook: the bulk-copy gate/up's start (stagger 1: one stage a warp group queued
+ * at first, the group's others once it landed; 0: every stage at once; both forms of
+ * the kernel) and device buffers (NULL: none) of `records` records each that receive
+ * the gate/up's and the down's milestones on the GPU's clock (32 u64 stamps a CTA's
+ * warp group: compute/moe_kern.cuh, k_stamp). SL_EINVAL when a kernel's grid could
+ * need more records. */
+typedef struct sl_gpu_probe {
+    int gu_stagger;
+    unsigned long long *gu_stamps, *dn_stamps;
+    uint32_t records;
+} sl_gpu_probe;
+int sl_gpu_set_probe(sl_gpu_ctx *ctx, const sl_gpu_probe *probe, sl_err *err);
+
 /* Test hook: waits, then copies the last layer's intermediates to the host (each
  * nullable): h [n_used][inter] (experts by increasing id), hq [n_used][inter] and
  * hd [n_used][inter/32] (its q8_1), h_sh [inter], y_sh [dim] (the shared expert;

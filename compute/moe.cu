@@ -33,11 +33,15 @@
 #define GT_NW   4    /* warps per group, bulk-copy gate/up */
 #define GT_TR   8    /* rows of gate (and of up) per stage */
 #define GT_ST   4    /* stages in flight per CTA (2 per group) */
-#define DP_LPR  4    /* lanes per row (k_dot2_q3_k), bulk-copy down */
-#define DP_TD   8    /* output rows per tile (stage), bulk-copy down */
-#define DP_ST   2    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
-#define DP_NG   2    /* warp groups per CTA, persistent bulk-copy down */
-#define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
+#define GT_STG                                                                                     \
+    1             /* 1: one stage a group queued at first, the others once it landed               \
+                   * (the host-table gate/up; the device-table one starts with the shared          \
+                   * expert's stages, queued before the selection: not staggered) */
+#define DP_LPR 4  /* lanes per row (k_dot2_q3_k), bulk-copy down */
+#define DP_TD  8  /* output rows per tile (stage), bulk-copy down */
+#define DP_ST  2  /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
+#define DP_NG  2  /* warp groups per CTA, persistent bulk-copy down */
+#define RT_C   24 /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
@@ -56,6 +60,8 @@ struct sl_gpu_ctx {
     int gu_maxv, dn_maxv;            /* register chunks per lane of one step (4|8, 8|16) */
     int gu_occ;                      /* CTAs per SM of the register-staged gate/up */
     int gt_ok, gt_occ;               /* the bulk-copy gate/up fits this shape; its CTAs per SM */
+    int gt_stg, gtd_stg;             /* their staggered starts (GT_STG; sl_gpu_set_probe) */
+    unsigned long long *dn_stamps;   /* the down's milestones (bench; rs.stamps the gate/up's) */
     int gtd_ok, gtd_occ;             /* its device-table form fits too (routing on the device) */
     int dt_ok;                       /* the bulk-copy down fits this shape */
     int dt_occ[SL_GPU_MAX_USED + 1]; /* its CTAs per SM for n experts (persistent grid) */
@@ -173,8 +179,11 @@ static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const 
         const uint32_t units = (uint32_t)tab.n * (inter / GT_TR);
         uint32_t grid = (uint32_t)(c->gt_occ * c->n_sm);
         if (grid > units) grid = units;
-        return k_launch(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, grid, GT_NG * GT_NW * 32,
-                        gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img, dim, inter, limit, s);
+        return k_launch(c->gt_stg
+                            ? k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, true>
+                            : k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>,
+                        grid, GT_NG * GT_NW * 32, gt_smem(dim), st, USE_PDL, tab,
+                        (const uint8_t *)img, dim, inter, limit, s);
     }
     const uint32_t units = (uint32_t)tab.n * inter;
     uint32_t grid = (units + GU_NW - 1) / GU_NW;
@@ -221,7 +230,7 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
         return k_launch(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>, grid,
                         k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
                         k_dpt_smem(tab.n, inter, DP_TD, DP_ST), st, pdl, tab, (const int8_t *)s.hq,
-                        (const float *)s.hd, dim, inter, extra, out_f32, out, part);
+                        (const float *)s.hd, dim, inter, extra, out_f32, out, part, c->dn_stamps);
     }
     const size_t smem = k_down2_smem(tab.n, c->dn_maxv);
     const uint32_t grid = (dim / 4 + DN_T - 1) / DN_T;
@@ -298,6 +307,12 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         rc = prep_kernel(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, GT_NG * GT_NW * 32, gts,
                          &c->gt_occ, "k_gateup_tma_q2_k", err);
         if (rc) return rc;
+        int o = 0; /* the staggered form: the same shape */
+        rc = prep_kernel(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, true>,
+                         GT_NG * GT_NW * 32, gts, &o, "k_gateup_tma_q2_k (staggered)", err);
+        if (rc) return rc;
+        if (o < c->gt_occ) c->gt_occ = o;
+        c->gt_stg = GT_STG; /* the device-table form starts with the shared expert */
         c->gt_ok = c->gt_occ >= 1;
     }
     const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST);
@@ -324,10 +339,14 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
     }
     if (c->gt_ok) { /* its static table needs a little more shared memory: else unused */
         int o3 = 0;
-        c->gtd_ok = !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>,
-                                 GT_NG * GT_NW * 32, gts, &o3, "k_gateup_tma_dev_q2_k", NULL) &&
-                    o3 >= 1;
-        c->gtd_occ = o3;
+        int o4 = 0;
+        c->gtd_ok =
+            !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, GT_NG * GT_NW * 32, gts,
+                         &o3, "k_gateup_tma_dev_q2_k", NULL) &&
+            !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, true>,
+                         GT_NG * GT_NW * 32, gts, &o4, "k_gateup_tma_dev_q2_k (staggered)", NULL) &&
+            o3 >= 1 && o4 >= 1;
+        c->gtd_occ = o3 < o4 ? o3 : o4;
         (void)cudaGetLastError();
     }
     if (c->gu_occ < 1 || occ < 1)
@@ -639,6 +658,32 @@ static cudaError_t launch_select(sl_gpu_ctx *c, const float *bias, const sl_gpu_
                     c->kroute_dev, c->tab_dev, c->sh, with_sh, c->route_seq);
 }
 
+extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *err)
+{
+    if (!c || !p) return sl_err_set(err, SL_EINVAL, "sl_gpu_set_probe: NULL argument");
+    if (c->in_token || c->route_pending)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_set_probe: a token is in flight");
+    if (p->gu_stamps || p->dn_stamps) { /* the most (CTA, group) records a launch writes */
+        uint32_t gu = (uint32_t)(c->gt_occ > c->gtd_occ ? c->gt_occ : c->gtd_occ);
+        uint32_t dn = 0;
+        for (int n = 1; n <= SL_GPU_MAX_USED; n++)
+            if ((uint32_t)c->dt_occ[n] > dn) dn = (uint32_t)c->dt_occ[n];
+        gu *= (uint32_t)c->n_sm * GT_NG;
+        dn = (dn * (uint32_t)c->n_sm < c->shape.dim / DP_TD ? dn * (uint32_t)c->n_sm
+                                                            : c->shape.dim / DP_TD) *
+             DP_NG;
+        if ((p->gu_stamps && gu > p->records) || (p->dn_stamps && dn > p->records))
+            return sl_err_set(err, SL_EINVAL,
+                              "sl_gpu_set_probe: %u records, the kernels may write %u (gate/up) "
+                              "and %u (down)",
+                              p->records, gu, dn);
+    }
+    c->gt_stg = c->gtd_stg = p->gu_stagger != 0;
+    c->rs.stamps = p->gu_stamps;
+    c->dn_stamps = p->dn_stamps;
+    return 0;
+}
+
 /* The selection's picks (mapped memory, complete) into route, zero past n_used. */
 static void read_picks(const sl_gpu_ctx *c, sl_moe_route *route)
 {
@@ -676,10 +721,12 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
         const uint32_t units = (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR);
         uint32_t grid = (uint32_t)(c->gtd_occ * c->n_sm);
         if (grid > units) grid = units;
-        CK(k_launch(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, grid, GT_NG * GT_NW * 32,
-                    gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,
-                    (const uint8_t *)c->ximg[0], s->dim, s->inter, s->swiglu_limit, c->rs, c->sh,
-                    with_sh),
+        CK(k_launch(c->gtd_stg
+                        ? k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, true>
+                        : k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>,
+                    grid, GT_NG * GT_NW * 32, gt_smem(s->dim), c->main, USE_PDL,
+                    (const sl_ktab *)c->tab_dev, (const uint8_t *)c->ximg[0], s->dim, s->inter,
+                    s->swiglu_limit, c->rs, c->sh, with_sh),
            "k_gateup_tma_dev_q2_k");
     }
     /* the watchdog of sl_gpu_route_wait's spin; after the gate/up, since a stream

@@ -44,11 +44,15 @@ struct sl_ktab {
 
 /* Scratch of one gate/up -> down pass. */
 struct sl_kscratch {
-    float *h;      /* [n][inter] SwiGLU outputs */
-    int8_t *hq;    /* [n][inter] their q8_1 codes */
-    float *hd;     /* [n][inter/32] their q8_1 scales */
-    unsigned *cnt; /* [n][inter/32] rows done per q8_1 group (0 between launches) */
+    float *h;                   /* [n][inter] SwiGLU outputs */
+    int8_t *hq;                 /* [n][inter] their q8_1 codes */
+    float *hd;                  /* [n][inter/32] their q8_1 scales */
+    unsigned *cnt;              /* [n][inter/32] rows done per q8_1 group (0 between launches) */
+    unsigned long long *stamps; /* NULL, or the gate/up's milestones (k_stamp; bench) */
 };
+
+#define SL_KSTAMP_SLOTS 32
+#define SL_KSTAMP_UNITS 14
 
 /* What the fused layer kernel (k_moe_fused_q2q3) needs besides sl_kscratch. sync is
  * zero between launches (each launch leaves it so): [0, SL_GPU_MAX_USED) the q8_1
@@ -69,6 +73,48 @@ struct sl_kfuse {
 
 namespace
 {
+
+__device__ __forceinline__ unsigned long long k_globaltimer()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ unsigned k_ld_acquire(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Bench instrumentation of the weight-streaming kernels (NULL in compute/): a group
+ * leader's %globaltimer at its milestones, SL_KSTAMP_SLOTS slots a (CTA, group) record:
+ * 0 entry, 1 past the previous kernel (and, gate/up, x landed), 2 + 2i unit i's bytes
+ * landed and 3 + 2i unit i done (i < SL_KSTAMP_UNITS), 30 the group's end, 31 its units. */
+__device__ __forceinline__ void k_stamp(unsigned long long *rec, uint32_t slot)
+{
+    if (rec) rec[slot] = k_globaltimer();
+}
+
+/* The record of this CTA's group grp of ng, or NULL. */
+__device__ __forceinline__ unsigned long long *k_stamp_rec(unsigned long long *stamps, int ng,
+                                                           int grp, bool lead)
+{
+    return stamps && lead ? stamps + ((size_t)blockIdx.x * ng + grp) * SL_KSTAMP_SLOTS : NULL;
+}
+
+/* Unit i's two stamps (landed, done) and the record's end. */
+__device__ __forceinline__ void k_stamp_unit(unsigned long long *rec, uint32_t i, int done)
+{
+    if (i < SL_KSTAMP_UNITS) k_stamp(rec, 2 + 2 * i + done);
+}
+
+__device__ __forceinline__ void k_stamp_end(unsigned long long *rec, uint32_t units)
+{
+    k_stamp(rec, 30);
+    if (rec) rec[31] = units;
+}
 
 __device__ __forceinline__ float k_half(const uint8_t *p)
 {
@@ -845,13 +891,15 @@ __device__ __forceinline__ void k_issue_gu_rows(uint8_t *dst, uint64_t *b, const
 /* The start of a gate/up pipeline (k_pipe_start over nbar barriers): without DEV,
  * queue(k) for the first ST units; with DEV (the table comes from the kernel before),
  * only the shared expert's units among them, when it takes the first tpe units
- * (sh_first), through shared(k, r0). Returns, in thread 0, the stages queued. */
-template <int ST, int TR, bool DEV, typename Q, typename S>
+ * (sh_first), through shared(k, r0). first() comes before them all. Returns, in thread
+ * 0, the stages queued. */
+template <int ST, int TR, bool DEV, typename Q, typename S, typename X>
 __device__ __forceinline__ uint32_t k_gu_pipe_start(uint64_t *bar, int nbar, int sh_first,
-                                                    uint32_t tpe, Q &&queue, S &&shared)
+                                                    uint32_t tpe, Q &&queue, S &&shared, X &&first)
 {
     const uint32_t grid = gridDim.x;
     return k_pipe_start<ST>(bar, nbar, [&](uint32_t k) {
+        if (k == 0) first();
         if (!DEV) {
             queue(k);
             return true;
@@ -948,7 +996,7 @@ __device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t r
  * takes the first units (unit u: entry (u / tpe + n - 1) % n), so that its first
  * stages are queued before that wait. TR % 4 == 0 keeps a tile a multiple of 16 bytes
  * for every dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
-template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD>
+template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, bool STG>
 __device__ __forceinline__ void
 k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict__ tabp,
                   const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg, uint32_t dim,
@@ -987,35 +1035,54 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
     float4 *red0 = (float4 *)(((uintptr_t)(xbar + 1) + 15) & ~(uintptr_t)15);
     float4 *red = red0 + grp * NW * 32;
     int8_t *zero = (int8_t *)(red0 + NG * NW * 32);
+    unsigned long long *rec = k_stamp_rec(s.stamps, NG, grp, threadIdx.x % (NW * 32) == 0);
+    k_stamp(rec, 0);
     /* DEV: the table comes from the kernel before (k_route_select). The shared expert,
      * known at launch, takes the first units when sh_first, so its first stages load
-     * while the selection runs. */
+     * while the selection runs. STG: one stage a group at first, the group's others
+     * once it landed (fewer bytes ahead of every CTA's first stage). */
     if (!DEV) units = (uint32_t)tab.n * tpe;
-    const uint32_t early =
-        k_gu_pipe_start<ST, TR, DEV>(bar, ST + 1 /* and xbar */, sh_first, tpe, issue,
-                                     [&](uint32_t k, uint32_t r0) { issue_rows(k, sh, r0); });
+    /* DEV: x's image first, before the wait for the selection. It comes from the router
+     * (k_router_pf, or k_quant_x_img before it), which completed before the selection's
+     * own wait returned, and this kernel starts only after that (the selection lets it
+     * start right after its wait): the bytes are complete. Then the x it needs first
+     * lands first, with the shared expert's stages, while the selection runs. */
+    const uint32_t early = k_gu_pipe_start<(STG ? NG : ST), TR, DEV>(
+        bar, ST + 1 /* and xbar */, sh_first, tpe, issue,
+        [&](uint32_t k, uint32_t r0) { issue_rows(k, sh, r0); },
+        [&] {
+            if (DEV) k_ximg_load(aq, ximg, dim, xbar);
+        });
     /* ... which waits for k_quant_x_img (or the router, or the selection) */
     if (DEV) {
         if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         __syncthreads();
         units = (uint32_t)tab.n * tpe;
         rot = sh_first ? (uint32_t)tab.n - 1 : 0;
-        if (blockIdx.x >= units) return; /* nothing was queued (early units are < units) */
+        if (blockIdx.x >= units) { /* only x was queued (early units are < units) */
+            k_mbar_wait(xbar, 0);
+            return;
+        }
         if (threadIdx.x == 0)
-            for (uint32_t k = early; k < ST; k++) issue(k);
+            for (uint32_t k = early; k < (STG ? NG : ST); k++) issue(k);
     }
     if (threadIdx.x == 0) {
         if (MMA) *(int4 *)zero = make_int4(0, 0, 0, 0);
-        k_ximg_load(aq, ximg, dim, xbar);
+        if (!DEV) k_ximg_load(aq, ximg, dim, xbar);
     }
     __syncthreads(); /* the barriers' inits (non-DEV: the only CTA barrier before the
                       * waits on them) and the zero bytes */
     k_mbar_wait(xbar, 0);
+    k_stamp(rec, 1);
 
-    for (uint32_t k = grp; blockIdx.x + k * grid < units; k += NG) {
+    uint32_t i = 0; /* the group's units done */
+    for (uint32_t k = grp; blockIdx.x + k * grid < units; k += NG, i++) {
         const uint32_t u = blockIdx.x + k * grid, r0 = (u % tpe) * TR;
         const sl_kexp &ex = tab.e[(u / tpe + rot) % tab.n];
         k_mbar_wait(bar + k % ST, (k / ST) & 1);
+        k_stamp_unit(rec, i, 0);
+        if (STG && k < NG && threadIdx.x % (NW * 32) == 0) /* the group's other stages */
+            for (uint32_t q = k + NG; q < ST; q += NG) issue(q);
         const uint8_t *st = stage + (size_t)(k % ST) * sb;
         float *h = s.h + (size_t)ex.slot * inter + r0;
         auto stage_free = [&] {
@@ -1028,24 +1095,26 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
         else
             k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane, ex, h, limit,
                                            stage_free);
+        k_stamp_unit(rec, i, 1);
     }
+    k_stamp_end(rec, i);
 }
 
-template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false>
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                       uint32_t dim, uint32_t inter, float limit,
                       const __grid_constant__ sl_kscratch s)
 {
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD>(tab, NULL, NULL, tab.e[0], 0, ximg, dim,
-                                                       inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD, STG>(tab, NULL, NULL, tab.e[0], 0, ximg, dim,
+                                                            inter, limit, s);
 }
 
 /* The same with the table in device memory, written by the kernel before it on the
  * stream (k_route_select: the experts the device tier holds, then the shared expert sh
  * when sh_first, whose units then come first); launched for the most experts a token
  * may have, the CTAs beyond the table's units return at once. */
-template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false>
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_dev_q2_k(const sl_ktab *__restrict__ tabp, const uint8_t *__restrict__ ximg,
                           uint32_t dim, uint32_t inter, float limit,
@@ -1053,8 +1122,8 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
                           int sh_first)
 {
     __shared__ sl_ktab tab;
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD>(tab, &tab, tabp, sh, sh_first, ximg, dim,
-                                                      inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG>(tab, &tab, tabp, sh, sh_first, ximg, dim,
+                                                           inter, limit, s);
 }
 
 /* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form) */
@@ -1387,7 +1456,7 @@ __device__ __forceinline__ void
 k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *__restrict__ hd,
                uint32_t dim, uint32_t inter, const float *__restrict__ extra,
                float *__restrict__ out_f32, uint16_t *__restrict__ out_bf16,
-               float *__restrict__ part)
+               float *__restrict__ part, unsigned long long *stamps)
 {
     static_assert(ST % NG == 0, "a stage always serves the same group");
     static_assert(TD * LPR % 32 == 0, "an expert's rows fill whole warps");
@@ -1419,18 +1488,23 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
     auto issue = [&](uint32_t k) {
         for (int x = 0; x < n; x++) issue_one(k, x);
     };
+    unsigned long long *rec = k_stamp_rec(stamps, NG, grp, in == 0);
+    k_stamp(rec, 0);
     k_pipe_start<ST>(&bar[0][0], ST * SL_GPU_MAX_USED, [&](uint32_t k) {
         issue(k);
         return true;
     });
+    k_stamp(rec, 1);
     __syncthreads();                          /* the barriers are initialised */
     const int hs = e < n ? tab.e[e].slot : 0; /* the expert's row of h */
     const int8_t *aq = hq + (size_t)hs * inter;
     const float *adp = hd + (size_t)hs * (inter / 32);
-    for (uint32_t k = grp; blockIdx.x + k * grid < tiles; k += NG) {
+    uint32_t i = 0; /* the group's tiles done */
+    for (uint32_t k = grp; blockIdx.x + k * grid < tiles; k += NG, i++) {
         const uint32_t t = blockIdx.x + k * grid;
         const uint32_t off = (uint32_t)(((size_t)t * TD * rb) & 15);
         k_mbar_wait(&bar[k % ST][e], (k / ST) & 1);
+        k_stamp_unit(rec, i, 0);
         const uint8_t *row = stage + (size_t)(k % ST) * n * cap + (size_t)e * cap + off + r * rb;
         float(*y)[TD] = ys[grp][(k / NG) & 1]; /* rewritten 2 tiles later, after a barrier */
         if (MMA) { /* warps 2e + h: the expert's 16 rows, half h of every block */
@@ -1490,7 +1564,9 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
                 if (out_bf16) out_bf16[o] = sl_emu_bf16_bits(v);
             }
         }
+        k_stamp_unit(rec, i, 1);
     }
+    k_stamp_end(rec, i);
 }
 
 /* EI (whenever an expert's rows are one warp): each expert's warp refills its slot of the
@@ -1501,10 +1577,11 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
     k_down_pt_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
                    const float *__restrict__ hd, uint32_t dim, uint32_t inter,
                    const float *__restrict__ extra, float *__restrict__ out_f32,
-                   uint16_t *__restrict__ out_bf16, float *__restrict__ part = nullptr)
+                   uint16_t *__restrict__ out_bf16, float *__restrict__ part,
+                   unsigned long long *stamps)
 {
     k_down_pt_body<LPR, TD, ST, NG, false, EI>(tab, hq, hd, dim, inter, extra, out_f32, out_bf16,
-                                               part);
+                                               part, stamps);
 }
 
 /* The mma form (LPR 4, TD 16): 64 registers, so that 2 CTAs fit an SM. */
@@ -1513,10 +1590,11 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR, 2)
     k_down_mma_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
                     const float *__restrict__ hd, uint32_t dim, uint32_t inter,
                     const float *__restrict__ extra, float *__restrict__ out_f32,
-                    uint16_t *__restrict__ out_bf16, float *__restrict__ part = nullptr)
+                    uint16_t *__restrict__ out_bf16, float *__restrict__ part,
+                    unsigned long long *stamps)
 {
     k_down_pt_body<LPR, TD, ST, NG, true, false>(tab, hq, hd, dim, inter, extra, out_f32, out_bf16,
-                                                 part);
+                                                 part, stamps);
 }
 
 /* The bulk-copy down kernel of a configuration (mma or dp4a). */
@@ -1548,20 +1626,6 @@ template <int LPR, int TD, int ST, int NG> struct k_down_kern<LPR, TD, ST, NG, t
  * itself in its tile's counter; when the table holds every expert of the token (n_all),
  * the tile's last unit adds the slots in order, then extra: k_combine's sum, bit for
  * bit. Otherwise the rest of the token's experts follow and k_combine sums. */
-__device__ __forceinline__ unsigned long long k_globaltimer()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ unsigned k_ld_acquire(const unsigned *p)
-{
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 /* One warp after the rows r0.. of slot's h are written (warp 0 of the group that wrote
  * them, after the group's barrier; HELP: the group's helper, after its __syncwarp):
  * counts the unit in its q8_1 group (lane 0's fence, after the barrier, makes
@@ -1687,9 +1751,9 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
                 k_mbar_init(&hfull[g][b], 1);
                 k_mbar_init(&hempty[g][b], 1);
             }
-    const uint32_t early =
-        k_gu_pipe_start<ST, TR, DEV>(bar, ST + 1 /* and xbar */, sh_first, tpe, issue,
-                                     [&](uint32_t k, uint32_t r0) { issue_rows(k, sh, r0); });
+    const uint32_t early = k_gu_pipe_start<ST, TR, DEV>(
+        bar, ST + 1 /* and xbar */, sh_first, tpe, issue,
+        [&](uint32_t k, uint32_t r0) { issue_rows(k, sh, r0); }, [] {});
     if (DEV) {
         if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         __syncthreads();

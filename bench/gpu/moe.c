@@ -9,7 +9,10 @@
  * then either a host top-6 and the routed experts, or routing on the device), with the
  * device-routed layer's GPU timeline from event marks.
  *
- * usage: bench-moe [-o FILE.md] [--pool N] [--iters N] [--zc-all]
+ * usage: bench-moe [-o FILE.md] [--pool N] [--iters N] [--zc-all] [--quick] [--carveout PCT]
+ * --quick: the shipped kernels and one variant, the experts-a-launch fit and the
+ * kernels' milestones only; --carveout: the shared-memory carveout the shipped
+ * kernels prefer (all the same, so that no SM changes its L1 split between them).
  */
 #include <fcntl.h>
 #include <math.h>
@@ -35,6 +38,8 @@ typedef struct opts {
     int pool;        /* experts resident in device memory (sets rotate through them) */
     int iters;
     int zc_all; /* zero-copy: every variant (else the shipped ones for mapped memory) */
+    int quick;  /* the shipped variant and its staggered start only, then the milestones */
+    int carve;  /* the shipped kernels' shared-memory carveout preference, % (0: driver's) */
 } opts;
 
 static uint64_t rng = 0x1234567887654321ULL;
@@ -158,6 +163,62 @@ static void fused_phases(const unsigned long long *st, const char *name, char *r
              d[n / 2], (double)(last - first) / 1e3, ctas);
 }
 
+/* One milestone row of stamp_table: over the records that reached `slot` (a unit's
+ * slots: those with more than `unit` units), p10 / median / p90 / max of its time
+ * from t0, and the median of its time after slot `prev` of the same record. */
+static void stamp_row(const unsigned long long *st, unsigned long long t0, const char *name,
+                      int slot, int prev, int unit)
+{
+    static double v[MB_ST_RECS], d[MB_ST_RECS];
+    int n = 0;
+    for (int r = 0; r < MB_ST_RECS; r++) {
+        const unsigned long long *s = st + (size_t)r * MB_ST_SLOTS;
+        if (!s[30] || (unit >= 0 && s[31] <= (unsigned long long)unit) || !s[slot]) continue;
+        v[n] = (double)(s[slot] - t0) / 1e3;
+        d[n] = prev >= 0 && s[prev] ? ((double)s[slot] - (double)s[prev]) / 1e3 : 0.0;
+        n++;
+    }
+    if (!n) return;
+    qsort(v, n, sizeof *v, cmp_d);
+    qsort(d, n, sizeof *d, cmp_d);
+    say("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %d |\n", name, v[n / 10], v[n / 2],
+        v[n * 9 / 10], v[n - 1], d[n / 2], n);
+}
+
+/* The milestones of a weight-streaming kernel's last launch (k_stamp's records, a CTA's
+ * group each), in us from the earliest entry on the GPU's clock. */
+static void stamp_table(const unsigned long long *st, const char *what)
+{
+    unsigned long long t0 = ~0ull, t1 = 0;
+    int nrec = 0;
+    for (int r = 0; r < MB_ST_RECS; r++) {
+        const unsigned long long *s = st + (size_t)r * MB_ST_SLOTS;
+        if (!s[30]) continue;
+        nrec++;
+        if (s[0] < t0) t0 = s[0];
+        if (s[30] > t1) t1 = s[30];
+    }
+    if (!nrec) {
+        say("%s: no records\n\n", what);
+        return;
+    }
+    say("%s: %d records (a CTA's group each), %.1f us from the first entry to the last end\n\n",
+        what, nrec, (double)(t1 - t0) / 1e3);
+    say("| milestone | p10 us | median us | p90 us | max us | median after the row before, us "
+        "| records |\n|---|---|---|---|---|---|---|\n");
+    stamp_row(st, t0, "entry", 0, -1, -1);
+    stamp_row(st, t0, "past the kernel before (gate/up: x landed)", 1, 0, -1);
+    for (int i = 0; i < 14; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "unit %d landed", i);
+        stamp_row(st, t0, name, 2 + 2 * i, i ? 1 + 2 * i : 1, i);
+        snprintf(name, sizeof name, "unit %d done", i);
+        stamp_row(st, t0, name, 3 + 2 * i, 2 + 2 * i, i);
+    }
+    stamp_row(st, t0, "end", 30, 0, -1);
+    say("\n");
+}
+
 /* What a row of the routed-experts table needs. */
 typedef struct routed_ctx {
     sl_gpu_ctx *c;
@@ -213,7 +274,7 @@ static void routed_row(const routed_ctx *r, int v, char *phases)
 
 int main(int argc, char **argv)
 {
-    opts o = {NULL, 36, 200, 0};
+    opts o = {NULL, 36, 200, 0, 0, 0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc)
             o.out = argv[++i];
@@ -223,8 +284,13 @@ int main(int argc, char **argv)
             o.iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--zc-all"))
             o.zc_all = 1;
+        else if (!strcmp(argv[i], "--quick"))
+            o.quick = 1;
+        else if (!strcmp(argv[i], "--carveout") && i + 1 < argc)
+            o.carve = atoi(argv[++i]);
         else {
-            printf("usage: bench-moe [-o FILE.md] [--pool N (36)] [--iters N (200)] [--zc-all]\n");
+            printf("usage: bench-moe [-o FILE.md] [--pool N (36)] [--iters N (200)] [--zc-all] "
+                   "[--quick] [--carveout PCT]\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -291,6 +357,12 @@ int main(int argc, char **argv)
     void *big = NULL;
     const size_t big_bytes = (size_t)2 << 30;
     char msg[256] = "";
+    if (o.carve) {
+        if (mb_carveout(o.carve, msg)) DIE("%s", msg);
+        say("The bench's instances of the shipped kernels prefer a shared-memory carveout of "
+            "%d%%.\n\n",
+            o.carve);
+    }
     double hbm = 0;
     if (sl_gpu_malloc(c, &big, big_bytes, &err)) DIE("%s", err.msg);
     if (mb_read_ceiling(big, big_bytes, 10, &hbm, msg)) DIE("%s", msg);
@@ -314,6 +386,7 @@ int main(int argc, char **argv)
         "experts, rotating the pool): **%.0f GB/s** (%.1f us per token)\n\n",
         own, token_bytes / own / 1e3);
     mb_io io = {.dim = DIM, .inter = INTER, .n = NUSED};
+    unsigned long long *gu_st = NULL, *dn_st = NULL; /* the kernels' milestones */
     void *t;
     if (sl_gpu_malloc(c, &t, DIM * 2, &err) || sl_gpu_upload(c, t, xh, DIM * 2, &err))
         DIE("%s", err.msg);
@@ -326,6 +399,8 @@ int main(int argc, char **argv)
         sl_gpu_malloc(c, (void **)&io.sync, 4096 * 4, &err) ||
         sl_gpu_malloc(c, (void **)&io.part, 8 * DIM * 4, &err) ||
         sl_gpu_malloc(c, (void **)&io.stamps, 1024 * 4 * 8, &err) ||
+        sl_gpu_malloc(c, (void **)&gu_st, MB_ST_RECS * MB_ST_SLOTS * 8, &err) ||
+        sl_gpu_malloc(c, (void **)&dn_st, MB_ST_RECS * MB_ST_SLOTS * 8, &err) ||
         sl_gpu_malloc(c, (void **)&io.out_f32, DIM * 4, &err) ||
         sl_gpu_malloc(c, (void **)&io.out, DIM * 2, &err))
         DIE("%s", err.msg);
@@ -358,8 +433,26 @@ int main(int argc, char **argv)
      * and a trapped context ends the run */
     const routed_ctx rc_ = {c, &io, sets, nsets, o.iters, hbm, own, token_bytes, bg, bd, want};
     for (int v = 0; v < mb_variant_count(); v++)
-        if (!mb_variant_fused(v)) routed_row(&rc_, v, NULL);
+        if (!mb_variant_fused(v) && (!o.quick || v == 1 || v == 3)) routed_row(&rc_, v, NULL);
     say("\n(ggml-cuda MUL_MAT_ID, same token: 127 us, 606 GB/s.)\n\n");
+    {
+        /* each kernel's milestones on the GPU's clock: the last of 8 launches back to back */
+        static unsigned long long st[MB_ST_RECS * MB_ST_SLOTS];
+        mb_io in = io;
+        for (int v = 1; v <= 3; v += 2)
+            for (uint32_t n = 1; n <= NUSED; n += NUSED - 1) {
+                in.n = n;
+                if (mb_variant_stamped(v, &in, sets, nsets, 8, gu_st, dn_st, msg)) DIE("%s", msg);
+                char what[384];
+                for (int k = 0; k < 2; k++) {
+                    if (sl_gpu_download(c, st, k ? dn_st : gu_st, sizeof st, &err))
+                        DIE("%s", err.msg);
+                    snprintf(what, sizeof what, "Milestones of the %s (%s), %u expert%s",
+                             k ? "down" : "gate/up", mb_variant_name(v), n, n > 1 ? "s" : "");
+                    stamp_table(st, what);
+                }
+            }
+    }
 
     /* the compute variant over 1..6 experts a launch: the slope is the steady cost of one
      * expert, the intercept what a launch costs besides (start, first bytes, tail) */
@@ -395,7 +488,7 @@ int main(int argc, char **argv)
     }
 
     /* zero-copy: 12 experts in a registered POSIX shm mapping */
-    {
+    if (!o.quick) {
         const int nz = 12;
         char name[64];
         snprintf(name, sizeof name, "/sluice-bench-moe-%d", (int)getpid());
@@ -480,10 +573,14 @@ int main(int argc, char **argv)
         if (sl_gpu_malloc(c, &t0d, 384 * sizeof *t0h, &err) ||
             sl_gpu_upload(c, t0d, t0h, 384 * sizeof *t0h, &err))
             DIE("%s", err.msg);
-        static const char *const mode_name[3] = {
+        static const char *const mode_name[4] = {
             "host top-6, sl_gpu_moe_routed", "host top-6, begin + 2 parts + finish",
-            "**device routing**: router + selection + gate/up queued at once, finish"};
-        for (int mode = 0; mode < 3; mode++) {
+            "**device routing**: router + selection + gate/up queued at once, finish",
+            "**device routing**, the gate/up's staggered start"};
+        for (int mode = 0; mode < 4; mode++) {
+            if (o.quick && mode < 2) continue;
+            const sl_gpu_probe pr = {mode == 3, NULL, NULL, 0};
+            if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
             double b2b = 0;
             for (int pass = 0; pass < 2; pass++) { /* 0: a sync per layer; 1: back to back */
                 const double tb = now_us();
@@ -494,7 +591,7 @@ int main(int argc, char **argv)
                     memset(&r, 0, sizeof r);
                     sl_moe_expert_w w[NUSED];
                     double t1;
-                    if (mode == 2) {
+                    if (mode >= 2) {
                         forced_route(it + 10, &r);
                         uint32_t started = 0;
                         if (sl_gpu_route_start(c, io.x, rwd, NULL, t0d, &r, &err) ||
@@ -552,9 +649,20 @@ int main(int argc, char **argv)
             qsort(lat, it_n, sizeof *lat, cmp_d);
             qsort(lr, it_n, sizeof *lr, cmp_d);
             qsort(lx, it_n, sizeof *lx, cmp_d);
-            say("| %s | %.1f (%.1f, %.1f) | %.1f | **%.1f** (%.1f, %.1f) | **%.1f** |\n",
+            /* the staggered start's last output against the plain one's (same routes) */
+            static uint16_t last[2][DIM];
+            if (mode >= 2 && sl_gpu_download(c, last[mode - 2], out, sizeof last[0], &err))
+                DIE("%s", err.msg);
+            say("| %s | %.1f (%.1f, %.1f) | %.1f | **%.1f** (%.1f, %.1f) | **%.1f**%s |\n",
                 mode_name[mode], lr[it_n / 2], lr[it_n / 10], lr[it_n * 9 / 10], lx[it_n / 2],
-                lat[it_n / 2], lat[it_n / 10], lat[it_n * 9 / 10], b2b);
+                lat[it_n / 2], lat[it_n / 10], lat[it_n * 9 / 10], b2b,
+                mode < 3                                    ? ""
+                : !memcmp(last[0], last[1], sizeof last[0]) ? " (output: the same bits)"
+                                                            : " (output DIFFERS)");
+        }
+        {
+            const sl_gpu_probe pr = {0, NULL, NULL, 0};
+            if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
         }
         /* Where a device-routed layer's time goes, on the GPU's own clock (event marks on
          * the main stream, layers back to back): A = router + selection (+ gate/up of
@@ -607,6 +715,44 @@ int main(int argc, char **argv)
                 ta[nl / 2], tf[nl / 2], tl[nl / 2 + 1]);
         }
         say("\n");
+        /* the device-routed layer's gate/up and down on the GPU's clock: the last of 8
+         * layers back to back, both starts of the gate/up */
+        for (int stg = 0; stg <= 1; stg++) {
+            static unsigned long long st[MB_ST_RECS * MB_ST_SLOTS];
+            memset(st, 0, sizeof st);
+            const sl_gpu_probe pr = {stg, gu_st, dn_st, MB_ST_RECS};
+            if (sl_gpu_upload(c, gu_st, st, sizeof st, &err) ||
+                sl_gpu_upload(c, dn_st, st, sizeof st, &err) || sl_gpu_set_probe(c, &pr, &err))
+                DIE("%s", err.msg);
+            for (int it = 0; it < 8; it++) {
+                sl_moe_route r;
+                forced_route(it, &r);
+                uint32_t started = 0;
+                if (sl_gpu_moe_shared(c, io.x, &sh, &err) ||
+                    sl_gpu_route_start(c, io.x, rwd, NULL, t0d, &r, &err) ||
+                    sl_gpu_route_wait(c, &r, &started, &err) ||
+                    sl_gpu_moe_finish(c, out, NULL, &err))
+                    DIE("%s", err.msg);
+            }
+            if (sl_gpu_sync(c, &err)) DIE("%s", err.msg);
+            for (int k = 0; k < 2; k++) {
+                char what[160];
+                if (sl_gpu_download(c, st, k ? dn_st : gu_st, sizeof st, &err)) DIE("%s", err.msg);
+                snprintf(what, sizeof what,
+                         "Milestones of the device-routed layer's %s (6 experts and the shared "
+                         "one%s)",
+                         k ? "down" : "gate/up", stg ? ", staggered start" : "");
+                stamp_table(st, what);
+            }
+        }
+        {
+            const sl_gpu_probe pr = {0, NULL, NULL, 0};
+            if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
+        }
+        if (o.quick) {
+            if (md) fclose(md);
+            return 0;
+        }
         /* The fused layer kernel (the sandbox's candidate), last: the routed experts of
          * one token as in the first table, each launch's phases, then whole device-only
          * layers. */

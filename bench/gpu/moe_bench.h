@@ -27,6 +27,8 @@ typedef struct mb_io {
     unsigned *sync;             /* the fused kernel's counters (sl_kfuse), zeroed, 4096 of them */
     float *part;                /* [8][dim] */
     unsigned long long *stamps; /* [1024][4]: the fused kernel's phase stamps (sl_kfuse) */
+    unsigned long long *gu_st;  /* NULL (timed runs), or the gate/up's milestones */
+    unsigned long long *dn_st;  /* NULL (timed runs), or the down's milestones */
     float *out_f32;             /* [dim] */
     uint16_t *out;              /* [dim] */
 } mb_io;
@@ -64,6 +66,21 @@ const char *mb_variant_name(int v);
  * io->out / io->out_f32. msg[256] gets the failure. */
 int mb_variant_time(int v, const mb_io *io, const mb_set *sets, int nsets, int iters, int which,
                     double *us, char *msg);
+
+/* Records (SL_KSTAMP_SLOTS stamps each: a CTA's group) of the milestone buffers. */
+#define MB_ST_RECS  4096
+#define MB_ST_SLOTS 32
+
+/* iters launches of variant v back to back (rotating the sets), its gate/up and down
+ * stamping into gu_st and dn_st (MB_ST_RECS records each, zeroed first): the stamps
+ * left are the last launch's. */
+int mb_variant_stamped(int v, const mb_io *io, const mb_set *sets, int nsets, int iters,
+                       unsigned long long *gu_st, unsigned long long *dn_st, char *msg);
+
+/* Sets the shared-memory carveout preference of the kernels variant 1 launches
+ * (quant_x_img, gate/up, quant_h, down) to pct (100: the most shared memory), so that
+ * consecutive kernels need the same L1 split. */
+int mb_carveout(int pct, char *msg);
 
 /* Whether variant v is a fused layer kernel (mb_fused_layer times it). */
 int mb_variant_fused(int v);

@@ -147,7 +147,8 @@ enum {
     G_T8x3_16_3,
     G_T4x2_8_6, /* smaller gate/up stages: a down CTA fits beside it (PDL starts it early) */
     G_T4x2_8_4,
-    G_T4x2_8_4_PF, /* ... prefetching the downs into L2 as its CTAs run out of units */
+    G_T4x2_8_4_PF,  /* ... prefetching the downs into L2 as its CTAs run out of units */
+    G_T4x2_8_4_STG, /* ... one stage a group queued at first, the others once it landed */
     G_T4x4_8_4,
     G_T8x2_16_2,
     G_T4x2_8_2,
@@ -193,6 +194,8 @@ static const variant variants[] = {
      D_P4_8_2_2, true},
     {"gt 2x NW4 TR8 ST4, L2 prefetch of the downs + dp LPR4 TD8 ST2 2x, PDL", G_T4x2_8_4_PF,
      D_P4_8_2_2, true},
+    {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x, PDL", G_T4x2_8_4_STG, D_P4_8_2_2,
+     true},
     {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, stage refilled after the barrier (compute until "
      "session 7), PDL",
      G_T4x2_8_4, D_P4_8_2_2L, true},
@@ -249,7 +252,7 @@ extern "C" const char *mb_variant_name(int v)
     return variants[v].name;
 }
 
-template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false>
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false>
 static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
@@ -257,15 +260,15 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
         cudaError_t rc =
-            cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD>,
+            cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess)
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD>, NG * NW * 32, smem);
+                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG>, NG * NW * 32, smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
-        printf("  [gate/up tma%s %dx NW %d TR %d ST %d: %d CTAs/SM, smem %zu]\n", MMA ? " mma" : "",
-               NG, NW, TR, ST, occ, smem);
+        printf("  [gate/up tma%s%s %dx NW %d TR %d ST %d: %d CTAs/SM, smem %zu]\n",
+               MMA ? " mma" : "", STG ? " staggered" : "", NG, NW, TR, ST, occ, smem);
     }
     if (k_gu4_xbytes(io->dim) > 16384) return cudaErrorInvalidValue; /* io->ximg's size */
     cudaError_t rc =
@@ -274,8 +277,8 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     const uint32_t units = (uint32_t)tab.n * io->inter / TR;
     uint32_t grid = (uint32_t)(occ * n_sm);
     if (grid > units) grid = units;
-    rc = k_launch(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD>, grid, NG * NW * 32, smem, 0, pdl,
-                  tab, (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s);
+    rc = k_launch(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG>, grid, NG * NW * 32, smem, 0,
+                  pdl, tab, (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s);
     if (rc != cudaSuccess) return rc;
     const uint32_t groups = (uint32_t)tab.n * io->inter / 32;
     return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, 0, pdl, s, groups, groups, ~0u);
@@ -362,7 +365,8 @@ static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     uint32_t grid = ST == 1 ? tiles : (uint32_t)(occ * n_sm);
     if (grid > tiles) grid = tiles;
     return k_launch(fn, grid, threads, smem, 0, pdl, tab, (const int8_t *)s.hq, (const float *)s.hd,
-                    io->dim, io->inter, (const float *)NULL, io->out_f32, io->out, (float *)NULL);
+                    io->dim, io->inter, (const float *)NULL, io->out_f32, io->out, (float *)NULL,
+                    io->dn_st);
 }
 
 template <int NW, bool PF, bool FQ, int MINB>
@@ -444,7 +448,7 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         tab.e[k].w = set->w[k];
         tab.e[k].slot = (int)k;
     }
-    sl_kscratch s = {io->h, io->hq, io->hd, io->cnt};
+    sl_kscratch s = {io->h, io->hq, io->hd, io->cnt, io->gu_st};
     const variant &V = variants[v];
     cudaError_t rc = cudaSuccess;
     switch (V.gu) {
@@ -497,6 +501,9 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
             break;
         case G_T4x2_8_4_PF:
             rc = gt_launch<4, 8, 4, 2, false, true>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T4x2_8_4_STG:
+            rc = gt_launch<4, 8, 4, 2, false, false, true>(io, tab, s, n_sm, V.pdl);
             break;
         case G_T4x4_8_4:
             rc = gt_launch<4, 8, 4, 4>(io, tab, s, n_sm, V.pdl);
@@ -668,5 +675,33 @@ extern "C" int mb_variant_time(int v, const mb_io *io, const mb_set *sets, int n
     /* leave set 0's result in io->out for the caller's check */
     CKB(run_one(v, io, &sets[0], 0, n_sm));
     CKB(cudaDeviceSynchronize());
+    return 0;
+}
+
+extern "C" int mb_variant_stamped(int v, const mb_io *io, const mb_set *sets, int nsets, int iters,
+                                  unsigned long long *gu_st, unsigned long long *dn_st, char *msg)
+{
+    int n_sm = 0;
+    CKB(sm_count(&n_sm));
+    const size_t bytes = (size_t)MB_ST_RECS * MB_ST_SLOTS * sizeof(unsigned long long);
+    static_assert(MB_ST_SLOTS == SL_KSTAMP_SLOTS, "one record layout");
+    CKB(cudaMemset(gu_st, 0, bytes));
+    CKB(cudaMemset(dn_st, 0, bytes));
+    CKB(cudaDeviceSynchronize());
+    mb_io in = *io;
+    in.gu_st = gu_st;
+    in.dn_st = dn_st;
+    for (int it = 0; it < iters; it++) CKB(run_one(v, &in, &sets[(it + 1) % nsets], 0, n_sm));
+    CKB(cudaDeviceSynchronize());
+    return 0;
+}
+
+extern "C" int mb_carveout(int pct, char *msg)
+{
+    const cudaFuncAttribute a = cudaFuncAttributePreferredSharedMemoryCarveout;
+    CKB(cudaFuncSetAttribute(k_quant_x_img, a, pct));
+    CKB(cudaFuncSetAttribute(k_gateup_tma_q2_k<4, 8, 4, 2>, a, pct));
+    CKB(cudaFuncSetAttribute(k_quant_h_pdl, a, pct));
+    CKB(cudaFuncSetAttribute(k_down_pt_q3_k<4, 8, 2, 2>, a, pct));
     return 0;
 }

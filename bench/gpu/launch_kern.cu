@@ -1,0 +1,95 @@
+/* launch_kern.cu - the kernels of bench-launch: empty CTAs with and without a large
+ * dynamic shared-memory allocation, launched back to back with or without
+ * programmatic dependent launch (PDL), to measure what a launch costs on the GPU's
+ * side and whether a change of L1 / shared-memory split between two kernels adds to it. */
+#include <cuda_runtime.h>
+#include <stdio.h>
+
+#include "launch_bench.h"
+
+#define CKL(call)                                                                                  \
+    do {                                                                                           \
+        cudaError_t rc_ = (call);                                                                  \
+        if (rc_ != cudaSuccess) {                                                                  \
+            snprintf(msg, 256, "%s: %s", #call, cudaGetErrorString(rc_));                          \
+            return -1;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+namespace
+{
+
+__device__ __forceinline__ void pdl_step(int pdl)
+{
+    if (pdl) {
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");
+        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    }
+}
+
+/* Nothing but the PDL handshake (sink is never written: the value is impossible). */
+__global__ void k_nop(int *sink, int pdl)
+{
+    pdl_step(pdl);
+    if (threadIdx.x == 1024) *sink = 1;
+}
+
+/* The same, holding (and touching) a large dynamic shared-memory allocation. */
+__global__ void k_smem(int *sink, int pdl)
+{
+    extern __shared__ int sm[];
+    sm[threadIdx.x] = (int)threadIdx.x;
+    pdl_step(pdl);
+    __syncthreads();
+    if (sm[(threadIdx.x + 1) % blockDim.x] < 0) *sink = 1;
+}
+
+cudaError_t launch(void (*k)(int *, int), int grid, size_t smem, int pdl, int *sink)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(256);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, sink, pdl);
+}
+
+} // namespace
+
+extern "C" int lb_chain(int kind, int n, int pdl, int carve, size_t smem, double *us, char *msg)
+{
+    int dev = 0, n_sm = 0;
+    CKL(cudaGetDevice(&dev));
+    CKL(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    CKL(cudaFuncSetAttribute(k_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const cudaFuncAttribute a = cudaFuncAttributePreferredSharedMemoryCarveout;
+    CKL(cudaFuncSetAttribute(k_nop, a, carve));
+    CKL(cudaFuncSetAttribute(k_smem, a, carve));
+    int *sink = NULL;
+    CKL(cudaMalloc(&sink, 4));
+    cudaEvent_t e0, e1;
+    CKL(cudaEventCreate(&e0));
+    CKL(cudaEventCreate(&e1));
+    float best = 1e30f;
+    for (int rep = 0; rep < 3; rep++) {
+        CKL(cudaEventRecord(e0));
+        for (int i = 0; i < n; i++) {
+            const bool big = kind == LB_SMEM || (kind == LB_ALTERNATE && (i & 1));
+            CKL(launch(big ? k_smem : k_nop, n_sm, big ? smem : 0, pdl, sink));
+        }
+        CKL(cudaEventRecord(e1));
+        CKL(cudaEventSynchronize(e1));
+        float ms = 0;
+        CKL(cudaEventElapsedTime(&ms, e0, e1));
+        if (ms < best) best = ms;
+    }
+    *us = best * 1e3 / n;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(sink);
+    return 0;
+}
