@@ -231,14 +231,16 @@ int sl_gpu_mark_copy(sl_gpu_ctx *ctx, uint32_t *id, sl_err *err);
 /* ns[0..*n): the batch's times (ns[0] the anchor's); the batch is then over. */
 int sl_gpu_marks_read(sl_gpu_ctx *ctx, uint64_t *ns, uint32_t *n, sl_err *err);
 
-/* Bench hook: the bulk-copy gate/up's start (stagger 1: one stage a warp group queued
- * at first, the group's others once it landed; 0: every stage at once; both forms of
- * the kernel) and device buffers (NULL: none) of `records` records each that receive
+/* Bench hook, all zero for the defaults: plain_start 1 has the host-table bulk-copy
+ * gate/up queue every stage at once (default: one stage a warp group first, the group's
+ * others once it landed); wait_select 1 has the device-table gate/up wait for the whole
+ * selection kernel (default: for the table it publishes, k_route_select); gu_stamps
+ * and dn_stamps (NULL: none) are device buffers of `records` records each that receive
  * the gate/up's and the down's milestones on the GPU's clock (32 u64 stamps a CTA's
- * warp group: compute/moe_kern.cuh, k_stamp). SL_EINVAL when a kernel's grid could
- * need more records. */
+ * warp group: compute/moe_kern.cuh, k_stamp). SL_EINVAL when a kernel's grid could need
+ * more records. */
 typedef struct sl_gpu_probe {
-    int gu_stagger;
+    int plain_start, wait_select;
     unsigned long long *gu_stamps, *dn_stamps;
     uint32_t records;
 } sl_gpu_probe;

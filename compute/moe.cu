@@ -60,7 +60,8 @@ struct sl_gpu_ctx {
     int gu_maxv, dn_maxv;            /* register chunks per lane of one step (4|8, 8|16) */
     int gu_occ;                      /* CTAs per SM of the register-staged gate/up */
     int gt_ok, gt_occ;               /* the bulk-copy gate/up fits this shape; its CTAs per SM */
-    int gt_stg, gtd_stg;             /* their staggered starts (GT_STG; sl_gpu_set_probe) */
+    int gt_stg;                      /* its staggered start (GT_STG; sl_gpu_set_probe) */
+    int gtd_flag;                    /* the device-table gate/up starts on the selection's flag */
     unsigned long long *dn_stamps;   /* the down's milestones (bench; rs.stamps the gate/up's) */
     int gtd_ok, gtd_occ;             /* its device-table form fits too (routing on the device) */
     int dt_ok;                       /* the bulk-copy down fits this shape */
@@ -88,6 +89,7 @@ struct sl_gpu_ctx {
     sl_kroute *kroute, *kroute_dev;    /* the picks for the host: pinned, mapped */
     sl_moe_route *forced, *forced_dev; /* a synthetic routing: pinned, mapped */
     sl_ktab *tab_dev;                  /* the device tier's picks, for gate/up */
+    unsigned *tab_seq_dev;             /* the number of the routing tab_dev holds */
     cudaEvent_t ev_picks;              /* route_start's work is done (the spin's watchdog) */
     int route_pending;                 /* sl_gpu_route_start without its wait yet */
     uint32_t route_seq;                /* the number of the last routing queued */
@@ -313,6 +315,7 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         if (rc) return rc;
         if (o < c->gt_occ) c->gt_occ = o;
         c->gt_stg = GT_STG; /* the device-table form starts with the shared expert */
+        c->gtd_flag = 1;
         c->gt_ok = c->gt_occ >= 1;
     }
     const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST);
@@ -339,14 +342,10 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
     }
     if (c->gt_ok) { /* its static table needs a little more shared memory: else unused */
         int o3 = 0;
-        int o4 = 0;
-        c->gtd_ok =
-            !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, GT_NG * GT_NW * 32, gts,
-                         &o3, "k_gateup_tma_dev_q2_k", NULL) &&
-            !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, true>,
-                         GT_NG * GT_NW * 32, gts, &o4, "k_gateup_tma_dev_q2_k (staggered)", NULL) &&
-            o3 >= 1 && o4 >= 1;
-        c->gtd_occ = o3 < o4 ? o3 : o4;
+        c->gtd_ok = !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>,
+                                 GT_NG * GT_NW * 32, gts, &o3, "k_gateup_tma_dev_q2_k", NULL) &&
+                    o3 >= 1;
+        c->gtd_occ = o3;
         (void)cudaGetLastError();
     }
     if (c->gu_occ < 1 || occ < 1)
@@ -407,6 +406,8 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
     CK(cudaHostGetDevicePointer((void **)&c->forced_dev, c->forced, 0),
        "cudaHostGetDevicePointer(forced)");
     CK(cudaMalloc((void **)&c->tab_dev, sizeof *c->tab_dev), "cudaMalloc(tab)");
+    CK(cudaMalloc((void **)&c->tab_seq_dev, sizeof *c->tab_seq_dev), "cudaMalloc(tab_seq)");
+    CK(cudaMemset(c->tab_seq_dev, 0, sizeof *c->tab_seq_dev), "cudaMemset(tab_seq)");
     for (int i = 0; i < 2; i++) { /* zeroed once: k_quant_x_img never writes the padding */
         CK(cudaMalloc((void **)&c->ximg[i], k_gu4_xbytes(s->dim)), "cudaMalloc(ximg)");
         CK(cudaMemset(c->ximg[i], 0, k_gu4_xbytes(s->dim)), "cudaMemset(ximg)");
@@ -471,6 +472,7 @@ extern "C" void sl_gpu_close(sl_gpu_ctx **pc)
     cudaFreeHost(c->kroute);
     cudaFreeHost(c->forced);
     cudaFree(c->tab_dev);
+    cudaFree(c->tab_seq_dev);
     cudaFree(c->ximg[0]);
     cudaFree(c->ximg[1]);
     if (c->ev_picks) cudaEventDestroy(c->ev_picks);
@@ -655,7 +657,7 @@ static cudaError_t launch_select(sl_gpu_ctx *c, const float *bias, const sl_gpu_
     const uint32_t threads = (s->n_expert + 31) / 32 * 32; /* <= 1024, checked at open */
     return k_launch(k_route_select, 1, threads, 0, c->main, USE_PDL, (const float *)c->logits_dev,
                     bias, s->n_expert, s->n_used, s->norm_topk, s->route_scale, t0, forced,
-                    c->kroute_dev, c->tab_dev, c->sh, with_sh, c->route_seq);
+                    c->kroute_dev, c->tab_dev, c->sh, with_sh, c->route_seq, c->tab_seq_dev);
 }
 
 extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *err)
@@ -678,7 +680,8 @@ extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *er
                               "and %u (down)",
                               p->records, gu, dn);
     }
-    c->gt_stg = c->gtd_stg = p->gu_stagger != 0;
+    c->gt_stg = GT_STG && !p->plain_start;
+    c->gtd_flag = !p->wait_select;
     c->rs.stamps = p->gu_stamps;
     c->dn_stamps = p->dn_stamps;
     return 0;
@@ -721,12 +724,11 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
         const uint32_t units = (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR);
         uint32_t grid = (uint32_t)(c->gtd_occ * c->n_sm);
         if (grid > units) grid = units;
-        CK(k_launch(c->gtd_stg
-                        ? k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, true>
-                        : k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>,
-                    grid, GT_NG * GT_NW * 32, gt_smem(s->dim), c->main, USE_PDL,
-                    (const sl_ktab *)c->tab_dev, (const uint8_t *)c->ximg[0], s->dim, s->inter,
-                    s->swiglu_limit, c->rs, c->sh, with_sh),
+        CK(k_launch(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, grid, GT_NG * GT_NW * 32,
+                    gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,
+                    (const uint8_t *)c->ximg[0], s->dim, s->inter, s->swiglu_limit, c->rs, c->sh,
+                    with_sh, (const unsigned *)(c->gtd_flag ? c->tab_seq_dev : NULL),
+                    (unsigned)c->route_seq),
            "k_gateup_tma_dev_q2_k");
     }
     /* the watchdog of sl_gpu_route_wait's spin; after the gate/up, since a stream

@@ -88,6 +88,11 @@ __device__ __forceinline__ unsigned k_ld_acquire(const unsigned *p)
     return v;
 }
 
+__device__ __forceinline__ void k_st_release(unsigned *p, unsigned v)
+{
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 /* Bench instrumentation of the weight-streaming kernels (NULL in compute/): a group
  * leader's %globaltimer at its milestones, SL_KSTAMP_SLOTS slots a (CTA, group) record:
  * 0 entry, 1 past the previous kernel (and, gate/up, x landed), 2 + 2i unit i's bytes
@@ -761,9 +766,11 @@ __device__ __forceinline__ void k_pdl_go()
 /* The start of a bulk-copy pipeline: thread 0 initialises the nbar barriers at bar and
  * queues stages k = 0, 1, ... (at most ST) while queue(k) says it queued one (weights do
  * not depend on the previous kernel); then every thread waits for the previous kernel
- * (PDL) and lets the next one start its own. Returns, in thread 0, the stages queued. */
+ * (PDL; with !wait the caller waits later) and lets the next one start its own.
+ * Returns, in thread 0, the stages queued. */
 template <int ST, typename F>
-__device__ __forceinline__ uint32_t k_pipe_start(uint64_t *bar, int nbar, F &&queue)
+__device__ __forceinline__ uint32_t k_pipe_start(uint64_t *bar, int nbar, F &&queue,
+                                                 bool wait = true)
 {
     uint32_t queued = 0;
     if (threadIdx.x == 0) {
@@ -771,7 +778,7 @@ __device__ __forceinline__ uint32_t k_pipe_start(uint64_t *bar, int nbar, F &&qu
         k_mbar_fence_init();
         while (queued < ST && queue(queued)) queued++;
     }
-    k_pdl_wait();
+    if (wait) k_pdl_wait();
     k_pdl_go();
     return queued;
 }
@@ -895,19 +902,23 @@ __device__ __forceinline__ void k_issue_gu_rows(uint8_t *dst, uint64_t *b, const
  * 0, the stages queued. */
 template <int ST, int TR, bool DEV, typename Q, typename S, typename X>
 __device__ __forceinline__ uint32_t k_gu_pipe_start(uint64_t *bar, int nbar, int sh_first,
-                                                    uint32_t tpe, Q &&queue, S &&shared, X &&first)
+                                                    uint32_t tpe, Q &&queue, S &&shared, X &&first,
+                                                    bool wait = true)
 {
     const uint32_t grid = gridDim.x;
-    return k_pipe_start<ST>(bar, nbar, [&](uint32_t k) {
-        if (k == 0) first();
-        if (!DEV) {
-            queue(k);
+    return k_pipe_start<ST>(
+        bar, nbar,
+        [&](uint32_t k) {
+            if (k == 0) first();
+            if (!DEV) {
+                queue(k);
+                return true;
+            }
+            if (!sh_first || blockIdx.x + k * grid >= tpe) return false;
+            shared(k, (blockIdx.x + k * grid) * TR);
             return true;
-        }
-        if (!sh_first || blockIdx.x + k * grid >= tpe) return false;
-        shared(k, (blockIdx.x + k * grid) * TR);
-        return true;
-    });
+        },
+        wait);
 }
 
 /* Thread 0: the bulk copy of x's image (k_quant_x_img's bytes) into aq, on xbar. */
@@ -997,10 +1008,11 @@ __device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t r
  * stages are queued before that wait. TR % 4 == 0 keeps a tile a multiple of 16 bytes
  * for every dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
 template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, bool STG>
-__device__ __forceinline__ void
-k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict__ tabp,
-                  const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg, uint32_t dim,
-                  uint32_t inter, float limit, const sl_kscratch &s)
+__device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst,
+                                                  const sl_ktab *tabp, const unsigned *tab_seq,
+                                                  unsigned seq, const sl_kexp &sh, int sh_first,
+                                                  const uint8_t *__restrict__ ximg, uint32_t dim,
+                                                  uint32_t inter, float limit, const sl_kscratch &s)
 {
     static_assert(ST % NG == 0, "stages are split evenly between the groups");
     static_assert(!MMA || (NW == 8 && TR == 16), "mma: 2 tiles x 4 block sets = 8 warps");
@@ -1052,15 +1064,28 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
         [&](uint32_t k, uint32_t r0) { issue_rows(k, sh, r0); },
         [&] {
             if (DEV) k_ximg_load(aq, ximg, dim, xbar);
-        });
+        },
+        !tab_seq);
     /* ... which waits for k_quant_x_img (or the router, or the selection) */
     if (DEV) {
-        if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
+        if (!tab_seq) {
+            if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
+        } else { /* the selection publishes the table (k_route_select) before its host
+                  * writes and their fence; the wait for its grid comes at the end */
+            if (threadIdx.x == 0)
+                while (k_ld_acquire(tab_seq) != seq) {
+                }
+            __syncthreads();
+            /* from L2, a word a thread: the read-only path may hold an older table */
+            if (threadIdx.x < sizeof(sl_ktab) / 4)
+                ((unsigned *)tab_dst)[threadIdx.x] = __ldcg((const unsigned *)tabp + threadIdx.x);
+        }
         __syncthreads();
         units = (uint32_t)tab.n * tpe;
         rot = sh_first ? (uint32_t)tab.n - 1 : 0;
         if (blockIdx.x >= units) { /* only x was queued (early units are < units) */
             k_mbar_wait(xbar, 0);
+            if (tab_seq) k_pdl_wait();
             return;
         }
         if (threadIdx.x == 0)
@@ -1098,6 +1123,7 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restric
         k_stamp_unit(rec, i, 1);
     }
     k_stamp_end(rec, i);
+    if (tab_seq) k_pdl_wait(); /* the selection's end comes before this kernel's */
 }
 
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false>
@@ -1106,8 +1132,8 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
                       uint32_t dim, uint32_t inter, float limit,
                       const __grid_constant__ sl_kscratch s)
 {
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD, STG>(tab, NULL, NULL, tab.e[0], 0, ximg, dim,
-                                                            inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD, STG>(tab, NULL, NULL, NULL, 0, tab.e[0], 0,
+                                                            ximg, dim, inter, limit, s);
 }
 
 /* The same with the table in device memory, written by the kernel before it on the
@@ -1119,11 +1145,11 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_dev_q2_k(const sl_ktab *__restrict__ tabp, const uint8_t *__restrict__ ximg,
                           uint32_t dim, uint32_t inter, float limit,
                           const __grid_constant__ sl_kscratch s, const __grid_constant__ sl_kexp sh,
-                          int sh_first)
+                          int sh_first, const unsigned *tab_seq, unsigned seq)
 {
     __shared__ sl_ktab tab;
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG>(tab, &tab, tabp, sh, sh_first, ximg, dim,
-                                                           inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG>(tab, &tab, tabp, tab_seq, seq, sh,
+                                                           sh_first, ximg, dim, inter, limit, s);
 }
 
 /* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form) */
@@ -2268,7 +2294,7 @@ __global__ void __launch_bounds__(1024)
     k_route_select(const float *__restrict__ logits, const float *__restrict__ bias,
                    uint32_t n_expert, uint32_t k, int norm_topk, float route_scale,
                    const sl_gpu_t0e *__restrict__ t0, const sl_moe_route *forced, sl_kroute *out,
-                   sl_ktab *tab, sl_kexp sh, int with_sh, uint32_t seq)
+                   sl_ktab *tab, sl_kexp sh, int with_sh, uint32_t seq, unsigned *tab_seq)
 {
     __shared__ float wmax[32], ckey[1024], cscore[1024];
     __shared__ uint32_t cidx[1024], n_cand, pick[SL_GPU_MAX_USED];
@@ -2348,22 +2374,26 @@ __global__ void __launch_bounds__(1024)
         slot += eq < ex || (eq == ex && q < r);
     }
     const uint32_t started = __ballot_sync(~0u, mine && d.gate != NULL);
-    if (mine) {
-        out->expert[r] = ex;
-        out->weight[r] = wt;
-        if (started >> r & 1) {
-            const sl_kexp ke = {(const uint8_t *)d.gate, (const uint8_t *)d.up,
-                                (const uint8_t *)d.down, wt, (int)slot};
-            tab->e[__popc(started & ((1u << r) - 1))] = ke; /* by rank among the started */
-            out->e[slot] = ke;
-        }
-    }
+    const bool st = mine && (started >> r & 1);
+    const sl_kexp ke = {(const uint8_t *)d.gate, (const uint8_t *)d.up, (const uint8_t *)d.down, wt,
+                        (int)slot};
+    if (st) tab->e[__popc(started & ((1u << r) - 1))] = ke; /* by rank among the started */
     const int n = __popc(started);
     if (lane == 0) {
         if (with_sh) tab->e[n] = sh; /* the shared expert rides along (slot k) */
         tab->n = n + with_sh;
-        out->started = started;
     }
+    __syncwarp();
+    if (lane == 0 && tab_seq) { /* the gate/up may start; the host's copy follows */
+        __threadfence();
+        k_st_release(tab_seq, seq);
+    }
+    if (mine) {
+        out->expert[r] = ex;
+        out->weight[r] = wt;
+        if (st) out->e[slot] = ke;
+    }
+    if (lane == 0) out->started = started;
     __threadfence_system(); /* every lane's writes reach the host before the number */
     __syncwarp();
     if (lane == 0) *(volatile uint32_t *)&out->seq = seq;

@@ -576,10 +576,10 @@ int main(int argc, char **argv)
         static const char *const mode_name[4] = {
             "host top-6, sl_gpu_moe_routed", "host top-6, begin + 2 parts + finish",
             "**device routing**: router + selection + gate/up queued at once, finish",
-            "**device routing**, the gate/up's staggered start"};
+            "**device routing**, the gate/up waiting for the whole selection"};
         for (int mode = 0; mode < 4; mode++) {
             if (o.quick && mode < 2) continue;
-            const sl_gpu_probe pr = {mode == 3, NULL, NULL, 0};
+            const sl_gpu_probe pr = {0, mode == 3, NULL, NULL, 0};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
             double b2b = 0;
             for (int pass = 0; pass < 2; pass++) { /* 0: a sync per layer; 1: back to back */
@@ -649,7 +649,7 @@ int main(int argc, char **argv)
             qsort(lat, it_n, sizeof *lat, cmp_d);
             qsort(lr, it_n, sizeof *lr, cmp_d);
             qsort(lx, it_n, sizeof *lx, cmp_d);
-            /* the staggered start's last output against the plain one's (same routes) */
+            /* mode 3's last output against mode 2's (the same routes) */
             static uint16_t last[2][DIM];
             if (mode >= 2 && sl_gpu_download(c, last[mode - 2], out, sizeof last[0], &err))
                 DIE("%s", err.msg);
@@ -661,7 +661,7 @@ int main(int argc, char **argv)
                                                             : " (output DIFFERS)");
         }
         {
-            const sl_gpu_probe pr = {0, NULL, NULL, 0};
+            const sl_gpu_probe pr = {0, 0, NULL, NULL, 0};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
         }
         /* Where a device-routed layer's time goes, on the GPU's own clock (event marks on
@@ -716,11 +716,12 @@ int main(int argc, char **argv)
         }
         say("\n");
         /* the device-routed layer's gate/up and down on the GPU's clock: the last of 8
-         * layers back to back, both starts of the gate/up */
-        for (int stg = 0; stg <= 1; stg++) {
+         * layers back to back, with the gate/up starting on the selection's table and
+         * after the whole selection */
+        for (int ws = 0; ws <= 1; ws++) {
             static unsigned long long st[MB_ST_RECS * MB_ST_SLOTS];
             memset(st, 0, sizeof st);
-            const sl_gpu_probe pr = {stg, gu_st, dn_st, MB_ST_RECS};
+            const sl_gpu_probe pr = {0, ws, gu_st, dn_st, MB_ST_RECS};
             if (sl_gpu_upload(c, gu_st, st, sizeof st, &err) ||
                 sl_gpu_upload(c, dn_st, st, sizeof st, &err) || sl_gpu_set_probe(c, &pr, &err))
                 DIE("%s", err.msg);
@@ -741,12 +742,12 @@ int main(int argc, char **argv)
                 snprintf(what, sizeof what,
                          "Milestones of the device-routed layer's %s (6 experts and the shared "
                          "one%s)",
-                         k ? "down" : "gate/up", stg ? ", staggered start" : "");
+                         k ? "down" : "gate/up", ws ? ", after the whole selection" : "");
                 stamp_table(st, what);
             }
         }
         {
-            const sl_gpu_probe pr = {0, NULL, NULL, 0};
+            const sl_gpu_probe pr = {0, 0, NULL, NULL, 0};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
         }
         if (o.quick) {
