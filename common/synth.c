@@ -2,7 +2,8 @@
  * weights, split into shards.
  *
  * Each tensor row's values come from a xoshiro256** stream seeded by (seed,
- * layout index, row), so the bytes depend on nothing else: not on the shard
+ * layout index, row) (with cfg->layer_period, the layout index of the same kind's
+ * tensor in the layer it repeats), so the bytes depend on nothing else: not on the shard
  * count, the chunking of the GGUF writer or the number of threads. Float tensors
  * and quantized tensors up to cfg->quantize_max_values values are drawn in f32 at
  * a plausible scale and quantized by the reference quantizers (sl_quant_encode,
@@ -210,6 +211,7 @@ static block_fix block_fix_of(uint32_t type)
 typedef struct gen {
     const sl_model_config *cfg;
     const sl_model_tensor *layout;
+    uint64_t n_layout;
     uint64_t seed;
     uint64_t first; /* layout index of this shard's writer tensor 0 */
     uint8_t *stage; /* generated rows [st_row0, st_row0 + st_rows) of st_tensor */
@@ -222,7 +224,7 @@ typedef struct gen {
 /* Rows [row0, row0 + n) of one tensor, by one thread. */
 typedef struct row_job {
     const gen *g;
-    uint64_t ti, row0, n, rb;
+    uint64_t ti, key, row0, n, rb; /* key: the layout index whose streams the rows use */
     uint8_t *dst;
     float *fbuf;
     int rc;
@@ -242,7 +244,7 @@ static void rows_random(const row_job *j, const block_fix *f)
     }
     for (uint64_t i = 0; i < j->n; i++) {
         rng r;
-        rng_seed(&r, j->g->seed, STREAM_TENSOR ^ (j->ti << 8), j->row0 + i);
+        rng_seed(&r, j->g->seed, STREAM_TENSOR ^ (j->key << 8), j->row0 + i);
         uint8_t *dst = j->dst + i * j->rb;
         uint64_t k = 0;
         for (; k + 8 <= j->rb; k += 8) {
@@ -271,11 +273,23 @@ static void *rows_quantize(void *arg)
     value_scale(t, &mean, &std);
     for (uint64_t i = 0; i < j->n && !j->rc; i++) {
         rng r;
-        rng_seed(&r, j->g->seed, STREAM_TENSOR ^ (j->ti << 8), j->row0 + i);
+        rng_seed(&r, j->g->seed, STREAM_TENSOR ^ (j->key << 8), j->row0 + i);
         for (uint64_t k = 0; k < t->ne[0]; k++) j->fbuf[k] = mean + std * rng_normal(&r);
         j->rc = sl_quant_encode(t->type, j->fbuf, j->dst + i * j->rb, t->ne[0]);
     }
     return NULL;
+}
+
+/* The layout index whose streams tensor ti's rows use: its own, or with a layer
+ * period P the same kind's in layer (layer mod P), when that layer has one. */
+static uint64_t stream_key(const gen *g, uint64_t ti)
+{
+    const sl_model_tensor *t = &g->layout[ti];
+    const uint32_t p = g->cfg->layer_period;
+    if (!p || t->layer < (int32_t)p) return ti;
+    for (uint64_t i = 0; i < g->n_layout; i++)
+        if (g->layout[i].kind == t->kind && g->layout[i].layer == t->layer % (int32_t)p) return i;
+    return ti;
 }
 
 /* Generates rows [row0, row0 + n) of layout tensor ti into dst (rb bytes per row).
@@ -287,7 +301,8 @@ static int gen_rows(gen *g, uint64_t ti, uint64_t row0, uint64_t n, uint8_t *dst
     const sl_model_tensor *t = &g->layout[ti];
     block_fix f = block_fix_of(t->type);
     uint64_t values = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-    row_job job = {g, ti, row0, n, rb, dst, g->fbuf[0], 0};
+    const uint64_t key = stream_key(g, ti);
+    row_job job = {g, ti, key, row0, n, rb, dst, g->fbuf[0], 0};
     if (f.n_f16 && (g->cfg->fast_random_blocks || values > g->cfg->quantize_max_values)) {
         rows_random(&job, &f);
         return 0;
@@ -299,7 +314,7 @@ static int gen_rows(gen *g, uint64_t ti, uint64_t row0, uint64_t n, uint8_t *dst
     uint32_t started = 1;
     for (uint32_t k = 0; k < nt; k++) {
         uint64_t a = n * k / nt, b = n * (k + 1) / nt;
-        jobs[k] = (row_job){g, ti, row0 + a, b - a, rb, dst + a * rb, g->fbuf[k], 0};
+        jobs[k] = (row_job){g, ti, key, row0 + a, b - a, rb, dst + a * rb, g->fbuf[k], 0};
     }
     for (uint32_t k = 1; k < nt; k++, started++)
         if (pthread_create(&tid[k], NULL, rows_quantize, &jobs[k])) break;
@@ -530,6 +545,7 @@ int sl_synth_write(const sl_model_config *cfg_in, const char *dir, uint32_t n_sh
 
     g.cfg = &cfg;
     g.layout = layout;
+    g.n_layout = n;
     g.seed = seed;
     g.st_tensor = UINT64_MAX;
     g.stage_cap = STAGE_BYTES;

@@ -57,13 +57,21 @@ static int wait_exit(pid_t pid, int seconds)
     return 255;
 }
 
-static void rig_open(rig *r, uint64_t seed)
+/* A tiny checkpoint in a new directory; n_layer > 6: that many layers whose MoE
+ * tensors repeat the first 6 layers' (synth's layer_period; the added layers do not
+ * compress their attention, which the MoE layer body does not run). */
+static void rig_open_layers(rig *r, uint64_t seed, uint32_t n_layer)
 {
     strcpy(r->dir, "/tmp/sl-compute-XXXXXX");
     cr_assert_not_null(mkdtemp(r->dir));
     sl_model_config cfg;
     sl_err err = {0};
     cr_assert_eq(sl_model_config_preset(&cfg, "tiny", &err), 0, "%s", err.msg);
+    if (n_layer > cfg.n_layer) {
+        for (uint32_t l = cfg.n_layer; l < n_layer; l++) cfg.compress_ratio[l] = 0;
+        cfg.layer_period = cfg.n_layer;
+        cfg.n_layer = n_layer;
+    }
     seed = seed * 1000003u + (uint64_t)getpid(); /* distinct arenas across parallel runs */
     cr_assert_eq(sl_synth_write(&cfg, r->dir, 2, seed, NULL, NULL, NULL, &err), 0, "%s", err.msg);
     snprintf(r->model, sizeof r->model, "%s/%s-00001-of-00002.gguf", r->dir, cfg.name);
@@ -93,6 +101,11 @@ static void kill_fetcher(rig *r, int sig)
     kill(r->fetcher, sig);
     wait_exit(r->fetcher, 30);
     r->fetcher = 0;
+}
+
+static void rig_open(rig *r, uint64_t seed)
+{
+    rig_open_layers(r, seed, 0);
 }
 
 static pid_t start_compute(rig *r, const char *out)
@@ -435,5 +448,44 @@ Test(compute, layer_passes_run_the_layers_again, .timeout = 120)
     const char *bad[] = {SL_BIN_DIR "/sluice-compute", "-m", r.model, "--layer-passes", "0", NULL};
     cr_assert_eq(wait_exit(spawn(r.log, bad), 30), 2);
     cr_assert(strstr(log_tail(r.log), "--layer-passes"), "%s", log_tail(r.log));
+    rig_close(&r);
+}
+
+/* The same 6 layers run twice a step (--layer-passes 2) and a 12-layer checkpoint whose
+ * layers 6-11 repeat 0-5 run once give the same bytes: a later pass starts from the
+ * last layer's output and residual, as layer 6 would. */
+Test(compute, layer_passes_equal_the_deeper_model, .timeout = 120)
+{
+    rig r = {0}, d = {0};
+    rig_open(&r, 13);
+    rig_open_layers(&d, 13, 12);
+    char deep[200], twice[200];
+    snprintf(deep, sizeof deep, "%s/deep.bin", d.dir);
+    snprintf(twice, sizeof twice, "%s/twice.bin", r.dir);
+    for (int k = 0; k < 2; k++) {
+        rig *x = k ? &r : &d;
+        start_fetcher(x, "96");
+        const char *argv[] = {SL_BIN_DIR "/sluice-compute",
+                              "-m",
+                              x->model,
+                              "--endpoint",
+                              x->endpoint,
+                              "-n",
+                              STEPS,
+                              "--seed",
+                              "5",
+                              "--routing",
+                              "router",
+                              "--layer-passes",
+                              k ? "2" : "1",
+                              "-o",
+                              k ? twice : deep,
+                              "-q",
+                              NULL};
+        cr_assert_eq(wait_exit(spawn(x->log, argv), 120), 0, "%s", log_tail(x->log));
+        kill_fetcher(x, SIGTERM);
+    }
+    same_bytes(twice, deep, "2 passes of 6 layers against 12 layers", r.log);
+    rig_close(&d);
     rig_close(&r);
 }

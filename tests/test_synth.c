@@ -617,6 +617,50 @@ Test(synth, determinism_and_seed)
     free(a), free(b), free(c);
 }
 
+/* A layer period P: layer l's tensors carry the bytes of the same kind in layer l mod P
+ * (every ffn tensor of layer 8 is layer 2's), the layers below P and the global
+ * tensors keep their own, and P = 0 changes nothing. */
+Test(synth, layer_period_repeats_the_layers)
+{
+    char *a = make_tmp(), *b = make_tmp();
+    sl_model_config cfg = tiny_cfg(1);
+    cfg.n_layer = 12;
+    for (uint32_t l = 6; l < 12; l++) cfg.compress_ratio[l] = 0; /* no kv sources needed */
+    write_cfg(&cfg, a, 1, 7);
+    cfg.layer_period = 6;
+    write_cfg(&cfg, b, 1, 7);
+    sl_gguf *ga = open_first(a, "sluice-tiny", 1), *gb = open_first(b, "sluice-tiny", 1);
+    static const char *const kinds[] = {"ffn_norm.weight",       "ffn_gate_inp.weight",
+                                        "exp_probs_b.bias",      "ffn_gate_exps.weight",
+                                        "ffn_up_exps.weight",    "ffn_down_exps.weight",
+                                        "ffn_gate_shexp.weight", "ffn_down_shexp.weight"};
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        char lo[64], hi[64];
+        snprintf(lo, sizeof lo, "blk.2.%s", kinds[k]);
+        snprintf(hi, sizeof hi, "blk.8.%s", kinds[k]);
+        const sl_gguf_tensor *tl = sl_gguf_find_tensor(gb, lo), *th = sl_gguf_find_tensor(gb, hi);
+        const sl_gguf_tensor *ta = sl_gguf_find_tensor(ga, lo), *tah = sl_gguf_find_tensor(ga, hi);
+        cr_assert(tl && th && ta && tah, "%s", kinds[k]);
+        cr_assert_eq(tl->n_bytes, th->n_bytes, "%s", kinds[k]);
+        uint8_t *u = read_tensor(gb, tl), *v = read_tensor(gb, th);
+        uint8_t *w = read_tensor(ga, ta), *x = read_tensor(ga, tah);
+        cr_expect(!memcmp(u, v, tl->n_bytes), "period 6: layer 8's %s is layer 2's", kinds[k]);
+        cr_expect(!memcmp(u, w, tl->n_bytes), "period 6: layer 2's %s is its own", kinds[k]);
+        cr_expect(memcmp(w, x, tl->n_bytes), "no period: layer 8's %s is its own", kinds[k]);
+        free(u), free(v), free(w), free(x);
+    }
+    const sl_gguf_tensor *ea = sl_gguf_find_tensor(ga, "token_embd.weight");
+    const sl_gguf_tensor *eb = sl_gguf_find_tensor(gb, "token_embd.weight");
+    cr_assert(ea && eb);
+    uint8_t *u = read_tensor(ga, ea), *v = read_tensor(gb, eb);
+    cr_expect(!memcmp(u, v, ea->n_bytes), "the global tensors keep their bytes");
+    free(u), free(v);
+    sl_gguf_close(&ga);
+    sl_gguf_close(&gb);
+    rm_tree(a), rm_tree(b);
+    free(a), free(b);
+}
+
 /* Mean and spread of decoded values of one tensor's first rows. */
 static void decoded_stats(const sl_gguf *g, const char *name, uint64_t n_values, double *mean,
                           double *std, double *amax)
