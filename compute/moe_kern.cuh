@@ -1066,8 +1066,11 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
             if (DEV) k_ximg_load(aq, ximg, dim, xbar);
         },
         !tab_seq);
-    /* ... which waits for k_quant_x_img (or the router, or the selection) */
+    /* ... which waits for k_quant_x_img (or the router, or the selection; with tab_seq,
+     * the selection's table is waited for here and its grid at the end) */
     if (DEV) {
+        static_assert(sizeof(sl_ktab) % 4 == 0 && sizeof(sl_ktab) / 4 <= NG * NW * 32,
+                      "the table is copied a word a thread");
         if (!tab_seq) {
             if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         } else { /* the selection publishes the table (k_route_select) before its host
@@ -2289,7 +2292,8 @@ struct sl_kroute {
  * `forced` (nullable; a synthetic routing) replaces the picks and weights after they
  * were computed. Then each pick's slot (its place in increasing expert id) and, for
  * the picks the device tier holds (t0[expert].gate not NULL; t0 nullable), the table
- * of k_gateup_tma_dev_q2_k, plus the shared expert `sh` when with_sh. */
+ * of k_gateup_tma_dev_q2_k, plus the shared expert `sh` when with_sh, published by
+ * storing seq at tab_seq (nullable; a release) before the picks go to the host. */
 __global__ void __launch_bounds__(1024)
     k_route_select(const float *__restrict__ logits, const float *__restrict__ bias,
                    uint32_t n_expert, uint32_t k, int norm_topk, float route_scale,
