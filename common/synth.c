@@ -281,15 +281,20 @@ static void *rows_quantize(void *arg)
 }
 
 /* The layout index whose streams tensor ti's rows use: its own, or with a layer
- * period P the same kind's in layer (layer mod P), when that layer has one. */
+ * period P the same kind's in layer (layer mod P), when that layer has one of the same
+ * type and shape. */
 static uint64_t stream_key(const gen *g, uint64_t ti)
 {
     const sl_model_tensor *t = &g->layout[ti];
     const uint32_t p = g->cfg->layer_period;
     if (!p || t->layer < (int32_t)p) return ti;
-    for (uint64_t i = 0; i < g->n_layout; i++)
-        if (g->layout[i].kind == t->kind && g->layout[i].layer == t->layer % (int32_t)p) return i;
-    return ti;
+    for (uint64_t i = 0; i < g->n_layout; i++) {
+        const sl_model_tensor *u = &g->layout[i];
+        if (u->kind == t->kind && u->layer == t->layer % (int32_t)p && u->type == t->type &&
+            !memcmp(u->ne, t->ne, sizeof t->ne))
+            return i;
+    }
+    return ti; /* no such tensor there, or another shape: its own bytes */
 }
 
 /* Generates rows [row0, row0 + n) of layout tensor ti into dst (rb bytes per row).

@@ -132,8 +132,9 @@ typedef struct sl_model_config {
      * spread). Float tensors (F32/F16/BF16) are always drawn and converted. */
     int fast_random_blocks;       /* 1: every quantized tensor random (bench presets) */
     uint64_t quantize_max_values; /* tiny/small: 2^18 (attention etc., not the experts) */
-    /* 0, or P: a tensor of layer l >= P gets the bytes of the tensor of the same kind in
-     * layer l mod P, where that layer has one (a model whose layers repeat: tests) */
+    /* 0, or P: a tensor of layer l >= P gets the bytes of the tensor of the same kind,
+     * type and shape in layer l mod P, where that layer has one (a model whose layers
+     * repeat: tests) */
     uint32_t layer_period;
 } sl_model_config;
 

@@ -240,9 +240,11 @@ int sl_gpu_marks_read(sl_gpu_ctx *ctx, uint64_t *ns, uint32_t *n, sl_err *err);
  * warp group: compute/moe_kern.cuh, k_stamp). SL_EINVAL when a kernel's grid could need
  * more records. */
 typedef struct sl_gpu_probe {
-    int plain_start, wait_select;
-    unsigned long long *gu_stamps, *dn_stamps;
-    uint32_t records;
+    int plain_start;               /* 1: the host-table gate/up not staggered */
+    int wait_select;               /* 1: the device-table gate/up after the whole selection */
+    unsigned long long *gu_stamps; /* device buffer of the gate/up's milestones, or NULL */
+    unsigned long long *dn_stamps; /* the same for the down (main stream) */
+    uint32_t records;              /* records each buffer holds */
 } sl_gpu_probe;
 int sl_gpu_set_probe(sl_gpu_ctx *ctx, const sl_gpu_probe *probe, sl_err *err);
 

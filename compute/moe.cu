@@ -33,15 +33,12 @@
 #define GT_NW   4    /* warps per group, bulk-copy gate/up */
 #define GT_TR   8    /* rows of gate (and of up) per stage */
 #define GT_ST   4    /* stages in flight per CTA (2 per group) */
-#define GT_STG                                                                                     \
-    1             /* 1: one stage a group queued at first, the others once it landed               \
-                   * (the host-table gate/up; the device-table one starts with the shared          \
-                   * expert's stages, queued before the selection: not staggered) */
-#define DP_LPR 4  /* lanes per row (k_dot2_q3_k), bulk-copy down */
-#define DP_TD  8  /* output rows per tile (stage), bulk-copy down */
-#define DP_ST  2  /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
-#define DP_NG  2  /* warp groups per CTA, persistent bulk-copy down */
-#define RT_C   24 /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
+#define GT_STG  1    /* host-table gate/up: one stage a group first, the rest once it landed */
+#define DP_LPR  4    /* lanes per row (k_dot2_q3_k), bulk-copy down */
+#define DP_TD   8    /* output rows per tile (stage), bulk-copy down */
+#define DP_ST   2    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
+#define DP_NG   2    /* warp groups per CTA, persistent bulk-copy down */
+#define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
@@ -165,6 +162,30 @@ static cudaError_t launch_quant_img(const sl_gpu_ctx *c, const uint16_t *x, uint
     return k_launch(k_quant_x_img, (blocks + 7) / 8, 256, 0, st, pdl, x, c->shape.dim, img);
 }
 
+/* The host-table bulk-copy gate/up: staggered or not, recording milestones or not. */
+static decltype(&k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gt_kernel(bool stg, bool stamp)
+{
+    if (stamp)
+        return stg ? k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, true, true>
+                   : k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, true>;
+    return stg ? k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, true>
+               : k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>;
+}
+
+/* The device-table gate/up, recording milestones or not. */
+static decltype(&k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gtd_kernel(bool stamp)
+{
+    return stamp ? k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, true>
+                 : k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>;
+}
+
+/* The bulk-copy down, recording milestones or not. */
+static decltype(&k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>) dp_kernel(bool stamp)
+{
+    return stamp ? k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, DP_TD * DP_LPR == 32, true>
+                 : k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>;
+}
+
 /* Gate/up + SwiGLU of the table's experts into s.h (at each expert's slot); tma picks
  * the bulk-copy kernel (weights in device memory), after k_quant_x_img on st: pdl then
  * says whether that kernel may overlap the one before it, the gate/up always overlaps
@@ -181,11 +202,8 @@ static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const 
         const uint32_t units = (uint32_t)tab.n * (inter / GT_TR);
         uint32_t grid = (uint32_t)(c->gt_occ * c->n_sm);
         if (grid > units) grid = units;
-        return k_launch(c->gt_stg
-                            ? k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, true>
-                            : k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>,
-                        grid, GT_NG * GT_NW * 32, gt_smem(dim), st, USE_PDL, tab,
-                        (const uint8_t *)img, dim, inter, limit, s);
+        return k_launch(gt_kernel(c->gt_stg, s.stamps != NULL), grid, GT_NG * GT_NW * 32,
+                        gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img, dim, inter, limit, s);
     }
     const uint32_t units = (uint32_t)tab.n * inter;
     uint32_t grid = (units + GU_NW - 1) / GU_NW;
@@ -229,10 +247,11 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
         /* persistent (ST > 1): as many CTAs as fit; else one per tile */
         uint32_t grid = DP_ST == 1 ? dim / DP_TD : (uint32_t)(c->dt_occ[tab.n] * c->n_sm);
         if (grid > dim / DP_TD) grid = dim / DP_TD;
-        return k_launch(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>, grid,
-                        k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
+        /* milestones of the main stream's downs only (not the side stream's shared one) */
+        unsigned long long *stamps = st == c->main ? c->dn_stamps : NULL;
+        return k_launch(dp_kernel(stamps != NULL), grid, k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
                         k_dpt_smem(tab.n, inter, DP_TD, DP_ST), st, pdl, tab, (const int8_t *)s.hq,
-                        (const float *)s.hd, dim, inter, extra, out_f32, out, part, c->dn_stamps);
+                        (const float *)s.hd, dim, inter, extra, out_f32, out, part, stamps);
     }
     const size_t smem = k_down2_smem(tab.n, c->dn_maxv);
     const uint32_t grid = (dim / 4 + DN_T - 1) / DN_T;
@@ -306,27 +325,28 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
     if (rc) return rc;
     const size_t gts = gt_smem(dim);
     if (gts <= (size_t)optin) {
-        rc = prep_kernel(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, GT_NG * GT_NW * 32, gts,
-                         &c->gt_occ, "k_gateup_tma_q2_k", err);
-        if (rc) return rc;
-        int o = 0; /* the staggered form: the same shape */
-        rc = prep_kernel(k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, true>,
-                         GT_NG * GT_NW * 32, gts, &o, "k_gateup_tma_q2_k (staggered)", err);
-        if (rc) return rc;
-        if (o < c->gt_occ) c->gt_occ = o;
+        c->gt_occ = 1 << 30; /* the least of its four forms (the same shape) */
+        for (int f = 0; f < 4; f++) {
+            int o = 0;
+            rc = prep_kernel(gt_kernel(f & 1, f >> 1), GT_NG * GT_NW * 32, gts, &o,
+                             "k_gateup_tma_q2_k", err);
+            if (rc) return rc;
+            if (o < c->gt_occ) c->gt_occ = o;
+        }
         c->gt_stg = GT_STG; /* the device-table form starts with the shared expert */
         c->gtd_flag = 1;
         c->gt_ok = c->gt_occ >= 1;
     }
     const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST);
-    if (dt_smem + 2048 <= (size_t)optin) {           /* + its static arrays */
-        for (int n = 1; n <= SL_GPU_MAX_USED; n++) { /* the last sets the largest limit */
-            rc = prep_kernel(k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>,
-                             (int)k_dpt_threads(n, DP_LPR, DP_TD, DP_NG),
-                             k_dpt_smem(n, inter, DP_TD, DP_ST), &c->dt_occ[n], "k_down_pt_q3_k",
-                             err);
-            if (rc) return rc;
-        }
+    if (dt_smem + 2048 <= (size_t)optin) {         /* + its static arrays */
+        for (int n = 1; n <= SL_GPU_MAX_USED; n++) /* the last sets the largest limit */
+            for (int stamp = 0; stamp < 2; stamp++) {
+                int o = 0;
+                rc = prep_kernel(dp_kernel(stamp), (int)k_dpt_threads(n, DP_LPR, DP_TD, DP_NG),
+                                 k_dpt_smem(n, inter, DP_TD, DP_ST), &o, "k_down_pt_q3_k", err);
+                if (rc) return rc;
+                if (!stamp || o < c->dt_occ[n]) c->dt_occ[n] = o;
+            }
         c->dt_ok = c->dt_occ[SL_GPU_MAX_USED] >= 1;
     }
     rc = prep_kernel(k_gateup_bf16<BF_NW>, BF_NW * 32, sizeof(float) * dim, &occ, "k_gateup_bf16",
@@ -341,11 +361,13 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         if (rc) return rc;
     }
     if (c->gt_ok) { /* its static table needs a little more shared memory: else unused */
-        int o3 = 0;
-        c->gtd_ok = !prep_kernel(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>,
-                                 GT_NG * GT_NW * 32, gts, &o3, "k_gateup_tma_dev_q2_k", NULL) &&
-                    o3 >= 1;
-        c->gtd_occ = o3;
+        int o3 = 0, o4 = 0;
+        c->gtd_ok = !prep_kernel(gtd_kernel(false), GT_NG * GT_NW * 32, gts, &o3,
+                                 "k_gateup_tma_dev_q2_k", NULL) &&
+                    !prep_kernel(gtd_kernel(true), GT_NG * GT_NW * 32, gts, &o4,
+                                 "k_gateup_tma_dev_q2_k", NULL) &&
+                    o3 >= 1 && o4 >= 1;
+        c->gtd_occ = o3 < o4 ? o3 : o4;
         (void)cudaGetLastError();
     }
     if (c->gu_occ < 1 || occ < 1)
@@ -671,9 +693,9 @@ extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *er
         for (int n = 1; n <= SL_GPU_MAX_USED; n++)
             if ((uint32_t)c->dt_occ[n] > dn) dn = (uint32_t)c->dt_occ[n];
         gu *= (uint32_t)c->n_sm * GT_NG;
-        dn = (dn * (uint32_t)c->n_sm < c->shape.dim / DP_TD ? dn * (uint32_t)c->n_sm
-                                                            : c->shape.dim / DP_TD) *
-             DP_NG;
+        const uint32_t tiles = c->shape.dim / DP_TD; /* launch_down's grid, at most */
+        dn =
+            (DP_ST == 1 || dn * (uint32_t)c->n_sm > tiles ? tiles : dn * (uint32_t)c->n_sm) * DP_NG;
         if ((p->gu_stamps && gu > p->records) || (p->dn_stamps && dn > p->records))
             return sl_err_set(err, SL_EINVAL,
                               "sl_gpu_set_probe: %u records, the kernels may write %u (gate/up) "
@@ -724,10 +746,10 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
         const uint32_t units = (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR);
         uint32_t grid = (uint32_t)(c->gtd_occ * c->n_sm);
         if (grid > units) grid = units;
-        CK(k_launch(k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>, grid, GT_NG * GT_NW * 32,
-                    gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,
-                    (const uint8_t *)c->ximg[0], s->dim, s->inter, s->swiglu_limit, c->rs, c->sh,
-                    with_sh, (const unsigned *)(c->gtd_flag ? c->tab_seq_dev : NULL),
+        CK(k_launch(gtd_kernel(c->rs.stamps != NULL), grid, GT_NG * GT_NW * 32, gt_smem(s->dim),
+                    c->main, USE_PDL, (const sl_ktab *)c->tab_dev, (const uint8_t *)c->ximg[0],
+                    s->dim, s->inter, s->swiglu_limit, c->rs, c->sh, with_sh,
+                    (const unsigned *)(c->gtd_flag ? c->tab_seq_dev : NULL),
                     (unsigned)c->route_seq),
            "k_gateup_tma_dev_q2_k");
     }

@@ -667,7 +667,9 @@ __global__ void __launch_bounds__(NW * 32, MINB)
  * of k_dot4_q2_k and k_dot4_q3_k, so the arithmetic is sl_emu_dot_q2_k's and
  * sl_emu_dot_q3_k's. griddepcontrol.wait (a no-op without programmatic dependent
  * launch) sits after the first copies are queued and before anything the previous
- * kernel of the stream wrote is read or anything is written. */
+ * kernel of the stream wrote is read or anything is written; the device-table gate/up
+ * is the exception (k_gateup_tma_body: x and the selection's table are known complete
+ * by other means, and its wait is at its end). */
 
 __device__ __forceinline__ uint32_t k_sa(const void *p)
 {
@@ -1003,11 +1005,14 @@ __device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t r
  * quantized (ximg: k_quant_x_img's bytes, one bulk copy). A unit is decoded with dp4a
  * (k_gateup_dp4a_unit) or, MMA, on the tensor cores (k_gateup_mma_unit, a bench
  * variant). DEV: the table is read from device memory after the wait for the kernel
- * before (the selection); with sh_first the shared expert sh, the table's last entry,
- * takes the first units (unit u: entry (u / tpe + n - 1) % n), so that its first
- * stages are queued before that wait. TR % 4 == 0 keeps a tile a multiple of 16 bytes
- * for every dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
-template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, bool STG>
+ * before (the selection), or, with tab_seq, once the selection published it (seq at
+ * tab_seq), the wait for the selection's grid then coming at the end; with sh_first
+ * the shared expert sh, the table's last entry, takes the first units (unit u: entry
+ * (u / tpe + n - 1) % n), so that its first stages (and x) are queued before that
+ * wait. STG: the host-table form's staggered start. STAMP: the form that records
+ * milestones (s.stamps). TR % 4 == 0 keeps a tile a multiple of 16 bytes for every
+ * dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
+template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, bool STG, bool STAMP>
 __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst,
                                                   const sl_ktab *tabp, const unsigned *tab_seq,
                                                   unsigned seq, const sl_kexp &sh, int sh_first,
@@ -1047,7 +1052,8 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
     float4 *red0 = (float4 *)(((uintptr_t)(xbar + 1) + 15) & ~(uintptr_t)15);
     float4 *red = red0 + grp * NW * 32;
     int8_t *zero = (int8_t *)(red0 + NG * NW * 32);
-    unsigned long long *rec = k_stamp_rec(s.stamps, NG, grp, threadIdx.x % (NW * 32) == 0);
+    unsigned long long *rec =
+        STAMP ? k_stamp_rec(s.stamps, NG, grp, threadIdx.x % (NW * 32) == 0) : nullptr;
     k_stamp(rec, 0);
     /* DEV: the table comes from the kernel before (k_route_select). The shared expert,
      * known at launch, takes the first units when sh_first, so its first stages load
@@ -1075,9 +1081,14 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
             if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         } else { /* the selection publishes the table (k_route_select) before its host
                   * writes and their fence; the wait for its grid comes at the end */
-            if (threadIdx.x == 0)
+            if (threadIdx.x == 0) { /* a table that never comes (a selection queued without
+                                     * tab_seq) is a trap after 2 s, not a hang */
+                const unsigned long long t0 = k_globaltimer();
                 while (k_ld_acquire(tab_seq) != seq) {
+                    __nanosleep(64);
+                    if (k_globaltimer() - t0 > 2000000000ull) __trap();
                 }
+            }
             __syncthreads();
             /* from L2, a word a thread: the read-only path may hold an older table */
             if (threadIdx.x < sizeof(sl_ktab) / 4)
@@ -1129,30 +1140,35 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
     if (tab_seq) k_pdl_wait(); /* the selection's end comes before this kernel's */
 }
 
-template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false>
+/* STAMP: the form that records milestones (s.stamps); the others have no trace of them. */
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
+          bool STAMP = false>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                       uint32_t dim, uint32_t inter, float limit,
                       const __grid_constant__ sl_kscratch s)
 {
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD, STG>(tab, NULL, NULL, NULL, 0, tab.e[0], 0,
-                                                            ximg, dim, inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD, STG, STAMP>(
+        tab, NULL, NULL, NULL, 0, tab.e[0], 0, ximg, dim, inter, limit, s);
 }
 
 /* The same with the table in device memory, written by the kernel before it on the
  * stream (k_route_select: the experts the device tier holds, then the shared expert sh
- * when sh_first, whose units then come first); launched for the most experts a token
- * may have, the CTAs beyond the table's units return at once. */
-template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false>
+ * when sh_first, whose units then come first) and published by seq at tab_seq (NULL:
+ * the kernel waits for the selection's grid instead); launched for the most experts a
+ * token may have, the CTAs beyond the table's units return at once. tabp is not
+ * restrict: the read-only path may hold an older layer's table. */
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
+          bool STAMP = false>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
-    k_gateup_tma_dev_q2_k(const sl_ktab *__restrict__ tabp, const uint8_t *__restrict__ ximg,
-                          uint32_t dim, uint32_t inter, float limit,
-                          const __grid_constant__ sl_kscratch s, const __grid_constant__ sl_kexp sh,
-                          int sh_first, const unsigned *tab_seq, unsigned seq)
+    k_gateup_tma_dev_q2_k(const sl_ktab *tabp, const uint8_t *__restrict__ ximg, uint32_t dim,
+                          uint32_t inter, float limit, const __grid_constant__ sl_kscratch s,
+                          const __grid_constant__ sl_kexp sh, int sh_first, const unsigned *tab_seq,
+                          unsigned seq)
 {
     __shared__ sl_ktab tab;
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG>(tab, &tab, tabp, tab_seq, seq, sh,
-                                                           sh_first, ximg, dim, inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG, STAMP>(
+        tab, &tab, tabp, tab_seq, seq, sh, sh_first, ximg, dim, inter, limit, s);
 }
 
 /* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form) */
@@ -1480,7 +1496,7 @@ __device__ __forceinline__ float k_comb22(float (&a)[2])
  * k_dot2_q3_k), a group of n*TD*LPR threads (warp-aligned: TD*LPR % 32 == 0), the
  * bf16-rounded outputs meet in shared memory and TD threads of the group add them in
  * table order (increasing expert id), then `extra`. blockDim = NG*n*TD*LPR. */
-template <int LPR, int TD, int ST, int NG, bool MMA, bool EI>
+template <int LPR, int TD, int ST, int NG, bool MMA, bool EI, bool STAMP>
 __device__ __forceinline__ void
 k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *__restrict__ hd,
                uint32_t dim, uint32_t inter, const float *__restrict__ extra,
@@ -1517,7 +1533,7 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
     auto issue = [&](uint32_t k) {
         for (int x = 0; x < n; x++) issue_one(k, x);
     };
-    unsigned long long *rec = k_stamp_rec(stamps, NG, grp, in == 0);
+    unsigned long long *rec = STAMP ? k_stamp_rec(stamps, NG, grp, in == 0) : nullptr;
     k_stamp(rec, 0);
     k_pipe_start<ST>(&bar[0][0], ST * SL_GPU_MAX_USED, [&](uint32_t k) {
         issue(k);
@@ -1601,7 +1617,7 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
 /* EI (whenever an expert's rows are one warp): each expert's warp refills its slot of the
  * stage as soon as it is done with it; else thread 0 refills the stage after the group's
  * barrier (bench/results/2026-12-01-s8-stalls.md). */
-template <int LPR, int TD, int ST, int NG, bool EI = TD *LPR == 32>
+template <int LPR, int TD, int ST, int NG, bool EI = TD *LPR == 32, bool STAMP = false>
 __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
     k_down_pt_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
                    const float *__restrict__ hd, uint32_t dim, uint32_t inter,
@@ -1609,8 +1625,8 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
                    uint16_t *__restrict__ out_bf16, float *__restrict__ part,
                    unsigned long long *stamps)
 {
-    k_down_pt_body<LPR, TD, ST, NG, false, EI>(tab, hq, hd, dim, inter, extra, out_f32, out_bf16,
-                                               part, stamps);
+    k_down_pt_body<LPR, TD, ST, NG, false, EI, STAMP>(tab, hq, hd, dim, inter, extra, out_f32,
+                                                      out_bf16, part, stamps);
 }
 
 /* The mma form (LPR 4, TD 16): 64 registers, so that 2 CTAs fit an SM. */
@@ -1622,8 +1638,8 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR, 2)
                     uint16_t *__restrict__ out_bf16, float *__restrict__ part,
                     unsigned long long *stamps)
 {
-    k_down_pt_body<LPR, TD, ST, NG, true, false>(tab, hq, hd, dim, inter, extra, out_f32, out_bf16,
-                                                 part, stamps);
+    k_down_pt_body<LPR, TD, ST, NG, true, false, false>(tab, hq, hd, dim, inter, extra, out_f32,
+                                                        out_bf16, part, stamps);
 }
 
 /* The bulk-copy down kernel of a configuration (mma or dp4a). */
@@ -2315,6 +2331,8 @@ __global__ void __launch_bounds__(1024)
         f_wt = forced->weight[e];
     }
     if (e == 0) n_cand = 0;
+    /* wait first, then let the gate/up start: the gate/up reads the router's x image
+     * before its own wait, relying on this order (k_gateup_tma_body, DEV) */
     k_pdl_wait();
     k_pdl_go();
     float sc = 0.0f, kv = -INFINITY;

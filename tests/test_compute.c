@@ -57,9 +57,10 @@ static int wait_exit(pid_t pid, int seconds)
     return 255;
 }
 
-/* A tiny checkpoint in a new directory; n_layer > 6: that many layers whose MoE
- * tensors repeat the first 6 layers' (synth's layer_period; the added layers do not
- * compress their attention, which the MoE layer body does not run). */
+/* A tiny checkpoint in a new directory; n_layer > 6: that many layers whose tensors
+ * repeat the first 6 layers' where kind, type and shape agree (synth's layer_period;
+ * the added layers do not compress their attention, which the MoE layer body does not
+ * run, so their MoE tensors all repeat). */
 static void rig_open_layers(rig *r, uint64_t seed, uint32_t n_layer)
 {
     strcpy(r->dir, "/tmp/sl-compute-XXXXXX");

@@ -618,8 +618,8 @@ Test(synth, determinism_and_seed)
 }
 
 /* A layer period P: layer l's tensors carry the bytes of the same kind in layer l mod P
- * (every ffn tensor of layer 8 is layer 2's), the layers below P and the global
- * tensors keep their own, and P = 0 changes nothing. */
+ * (the MoE tensors of layer 8 checked against layer 2's), the layers below P and the
+ * global tensors keep their own, and without a period layer 8 has its own. */
 Test(synth, layer_period_repeats_the_layers)
 {
     char *a = make_tmp(), *b = make_tmp();

@@ -60,7 +60,9 @@ cudaError_t launch(void (*k)(int *, int), int grid, size_t smem, int pdl, int *s
 
 } // namespace
 
-extern "C" int lb_chain(int kind, int n, int pdl, int carve, size_t smem, double *us, char *msg)
+/* lb_chain's body; e0, e1 and sink are the caller's, freed by it. */
+static int chain(int kind, int n, int pdl, int carve, size_t smem, double *us, char *msg,
+                 cudaEvent_t *e0, cudaEvent_t *e1, int **sink)
 {
     int dev = 0, n_sm = 0;
     CKL(cudaGetDevice(&dev));
@@ -69,27 +71,33 @@ extern "C" int lb_chain(int kind, int n, int pdl, int carve, size_t smem, double
     const cudaFuncAttribute a = cudaFuncAttributePreferredSharedMemoryCarveout;
     CKL(cudaFuncSetAttribute(k_nop, a, carve));
     CKL(cudaFuncSetAttribute(k_smem, a, carve));
-    int *sink = NULL;
-    CKL(cudaMalloc(&sink, 4));
-    cudaEvent_t e0, e1;
-    CKL(cudaEventCreate(&e0));
-    CKL(cudaEventCreate(&e1));
+    CKL(cudaMalloc(sink, 4));
+    CKL(cudaEventCreate(e0));
+    CKL(cudaEventCreate(e1));
     float best = 1e30f;
     for (int rep = 0; rep < 3; rep++) {
-        CKL(cudaEventRecord(e0));
+        CKL(cudaEventRecord(*e0));
         for (int i = 0; i < n; i++) {
             const bool big = kind == LB_SMEM || (kind == LB_ALTERNATE && (i & 1));
-            CKL(launch(big ? k_smem : k_nop, n_sm, big ? smem : 0, pdl, sink));
+            CKL(launch(big ? k_smem : k_nop, n_sm, big ? smem : 0, pdl, *sink));
         }
-        CKL(cudaEventRecord(e1));
-        CKL(cudaEventSynchronize(e1));
+        CKL(cudaEventRecord(*e1));
+        CKL(cudaEventSynchronize(*e1));
         float ms = 0;
-        CKL(cudaEventElapsedTime(&ms, e0, e1));
+        CKL(cudaEventElapsedTime(&ms, *e0, *e1));
         if (ms < best) best = ms;
     }
     *us = best * 1e3 / n;
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(sink);
     return 0;
+}
+
+extern "C" int lb_chain(int kind, int n, int pdl, int carve, size_t smem, double *us, char *msg)
+{
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int *sink = NULL;
+    const int rc = chain(kind, n, pdl, carve, smem, us, msg, &e0, &e1, &sink);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(sink);
+    return rc;
 }

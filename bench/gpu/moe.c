@@ -433,14 +433,19 @@ int main(int argc, char **argv)
      * and a trapped context ends the run */
     const routed_ctx rc_ = {c, &io, sets, nsets, o.iters, hbm, own, token_bytes, bg, bd, want};
     for (int v = 0; v < mb_variant_count(); v++)
-        if (!mb_variant_fused(v) && (!o.quick || v == 1 || v == 3)) routed_row(&rc_, v, NULL);
+        if (!mb_variant_fused(v) && (!o.quick || v == MB_V_SHIPPED || v == MB_V_BEFORE))
+            routed_row(&rc_, v, NULL);
     say("\n(ggml-cuda MUL_MAT_ID, same token: 127 us, 606 GB/s.)\n\n");
     {
         /* each kernel's milestones on the GPU's clock: the last of 8 launches back to back */
         static unsigned long long st[MB_ST_RECS * MB_ST_SLOTS];
         mb_io in = io;
-        for (int v = 1; v <= 3; v += 2)
-            for (uint32_t n = 1; n <= NUSED; n += NUSED - 1) {
+        static const int vs[2] = {MB_V_SHIPPED, MB_V_BEFORE};
+        static const uint32_t ns[2] = {1, NUSED};
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++) {
+                const int v = vs[a];
+                const uint32_t n = ns[b];
                 in.n = n;
                 if (mb_variant_stamped(v, &in, sets, nsets, 8, gu_st, dn_st, msg)) DIE("%s", msg);
                 char what[384];
@@ -465,7 +470,7 @@ int main(int argc, char **argv)
             in.n = n;
             double tn[2];
             for (int w = 0; w < 2; w++)
-                if (mb_variant_time(1, &in, sets, nsets, o.iters, w + 1, &tn[w], msg))
+                if (mb_variant_time(MB_V_SHIPPED, &in, sets, nsets, o.iters, w + 1, &tn[w], msg))
                     DIE("%s", msg);
             say("| %u | %.1f | %.1f |\n", n, tn[0], tn[1]);
             if (n >= 2) {

@@ -57,6 +57,12 @@ int mb_read_sets(const mb_set *sets, int nsets, int n, size_t gate_bytes, size_t
 /* cudaPointerGetAttributes(p) done n times (for timing); returns its memory type. */
 int mb_ptr_kind(const void *p, int n);
 
+/* Variants: compute/'s kernels for mapped host weights, for device weights, and what
+ * compute/ ran for device weights before session 9. */
+#define MB_V_MAPPED  0
+#define MB_V_SHIPPED 1
+#define MB_V_BEFORE  3
+
 int mb_variant_count(void);
 const char *mb_variant_name(int v);
 

@@ -190,12 +190,12 @@ struct variant {
 
 static const variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
-    {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, PDL (compute, device weights)", G_T4x2_8_4,
-     D_P4_8_2_2, true},
+    {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x, PDL (compute, device weights)",
+     G_T4x2_8_4_STG, D_P4_8_2_2, true},
     {"gt 2x NW4 TR8 ST4, L2 prefetch of the downs + dp LPR4 TD8 ST2 2x, PDL", G_T4x2_8_4_PF,
      D_P4_8_2_2, true},
-    {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x, PDL", G_T4x2_8_4_STG, D_P4_8_2_2,
-     true},
+    {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, PDL (compute until session 9)", G_T4x2_8_4,
+     D_P4_8_2_2, true},
     {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, stage refilled after the barrier (compute until "
      "session 7), PDL",
      G_T4x2_8_4, D_P4_8_2_2L, true},
@@ -262,6 +262,9 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
         cudaError_t rc =
             cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (rc == cudaSuccess) /* the form that records milestones (io->gu_st) */
+            rc = cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, true>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess)
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                 &occ, k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG>, NG * NW * 32, smem);
@@ -277,8 +280,10 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     const uint32_t units = (uint32_t)tab.n * io->inter / TR;
     uint32_t grid = (uint32_t)(occ * n_sm);
     if (grid > units) grid = units;
-    rc = k_launch(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG>, grid, NG * NW * 32, smem, 0,
-                  pdl, tab, (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s);
+    rc = k_launch(s.stamps ? k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, true>
+                           : k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG>,
+                  grid, NG * NW * 32, smem, 0, pdl, tab, (const uint8_t *)io->ximg, io->dim,
+                  io->inter, 10.0f, s);
     if (rc != cudaSuccess) return rc;
     const uint32_t groups = (uint32_t)tab.n * io->inter / 32;
     return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, 0, pdl, s, groups, groups, ~0u);
@@ -346,14 +351,20 @@ template <int LPR, int TD, int ST, int NG, bool MMA = false, bool EI = TD *LPR =
 static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
+    /* fs: the form that records milestones (io->dn_st; the mma form has none) */
     constexpr auto fn =
         MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn : &k_down_pt_q3_k<LPR, TD, ST, NG, EI>;
+    constexpr auto fs =
+        MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, true>;
     const size_t smem = k_dpt_smem(tab.n, io->inter, TD, ST);
     const uint32_t threads = k_dpt_threads(tab.n, LPR, TD, NG);
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
+        const int most = (int)k_dpt_smem(SL_GPU_MAX_USED, io->inter, TD, ST); /* any table */
         cudaError_t rc =
-            cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+        if (rc == cudaSuccess)
+            rc = cudaFuncSetAttribute(fs, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
         if (rc == cudaSuccess)
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, threads, smem);
         if (rc != cudaSuccess) return rc;
@@ -364,9 +375,9 @@ static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     const uint32_t tiles = io->dim / TD;
     uint32_t grid = ST == 1 ? tiles : (uint32_t)(occ * n_sm);
     if (grid > tiles) grid = tiles;
-    return k_launch(fn, grid, threads, smem, 0, pdl, tab, (const int8_t *)s.hq, (const float *)s.hd,
-                    io->dim, io->inter, (const float *)NULL, io->out_f32, io->out, (float *)NULL,
-                    io->dn_st);
+    return k_launch(io->dn_st ? fs : fn, grid, threads, smem, 0, pdl, tab, (const int8_t *)s.hq,
+                    (const float *)s.hd, io->dim, io->inter, (const float *)NULL, io->out_f32,
+                    io->out, (float *)NULL, io->dn_st);
 }
 
 template <int NW, bool PF, bool FQ, int MINB>
@@ -700,7 +711,7 @@ extern "C" int mb_carveout(int pct, char *msg)
 {
     const cudaFuncAttribute a = cudaFuncAttributePreferredSharedMemoryCarveout;
     CKB(cudaFuncSetAttribute(k_quant_x_img, a, pct));
-    CKB(cudaFuncSetAttribute(k_gateup_tma_q2_k<4, 8, 4, 2>, a, pct));
+    CKB(cudaFuncSetAttribute(k_gateup_tma_q2_k<4, 8, 4, 2, false, false, true>, a, pct));
     CKB(cudaFuncSetAttribute(k_quant_h_pdl, a, pct));
     CKB(cudaFuncSetAttribute(k_down_pt_q3_k<4, 8, 2, 2>, a, pct));
     return 0;
