@@ -706,6 +706,52 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
                          pass, where, started);
             cr_assert_eq(memcmp(got, one, dim * 2), 0, "device-routed pass %d: bf16 differs", pass);
         }
+        /* Tokens back to back, nothing waited for between them but the picks: each has
+         * other routing weights and, from the second on, another device-tier table (one
+         * more pick in or out), so the gate/up reading an earlier token's table shows. */
+        enum { NT = 6 };
+        void *ot[NT], *ft[NT];
+        sl_moe_route fr[NT];
+        uint32_t in_t0 = want_started; /* rank 0 is out since pass 1 */
+        for (int t = 0; t < NT; t++) {
+            cr_assert_eq(sl_gpu_malloc(c, &ot[t], dim * 2, &err), 0);
+            cr_assert_eq(sl_gpu_malloc(c, &ft[t], dim * 4, &err), 0);
+            poison_dev(c, ot[t], dim * 2);
+            poison_dev(c, ft[t], dim * 4);
+            fr[t] = L.route;
+            for (uint32_t k = 0; k < n_used; k++) fr[t].weight[k] *= 1.0f + 0.125f * (float)t;
+        }
+        for (int t = 0; t < NT; t++) {
+            const uint32_t k = (uint32_t)t % n_used; /* toggle rank k's expert in the tier */
+            if (t > 0 && !host[k]) {
+                const uint32_t idx = L.route.expert[k];
+                const sl_gpu_t0e e = in_t0 >> k & 1 ? (sl_gpu_t0e){NULL, NULL, NULL}
+                                                    : (sl_gpu_t0e){w[k].gate, w[k].up, w[k].down};
+                cr_assert_eq(sl_gpu_t0_set(c, td, &idx, &e, 1, &err), 0, "%s", err.msg);
+                in_t0 ^= 1u << k;
+            }
+            cr_assert_eq(sl_gpu_moe_shared(c, xd, &sh, &err), 0, "%s", err.msg);
+            cr_assert_eq(sl_gpu_route_start(c, xd, rwd, bd, td, &fr[t], &err), 0, "%s", err.msg);
+            cr_assert_eq(sl_gpu_route_wait(c, &rgot, &started, &err), 0, "%s", err.msg);
+            cr_assert_eq(started, in_t0, "token %d: started 0x%x, want 0x%x", t, started, in_t0);
+            uint32_t rest[8], nr = 0;
+            for (uint32_t q = 0; q < n_used; q++)
+                if (!(started >> q & 1)) rest[nr++] = q;
+            cr_assert_eq(sl_gpu_moe_part(c, rest, nr, w, &err), 0, "%s", err.msg);
+            cr_assert_eq(sl_gpu_moe_finish(c, ot[t], ft[t], &err), 0, "%s", err.msg);
+        }
+        for (int t = 0; t < NT; t++) {
+            cr_assert_eq(sl_emu_moe(s, L.x, &fr[t], L.w, &L.sh, eout, eyf, NULL, &err), 0, "%s",
+                         err.msg);
+            cr_assert_eq(sl_gpu_download(c, got, ot[t], dim * 2, &err), 0, "%s", err.msg);
+            cr_assert_eq(sl_gpu_download(c, gotf, ft[t], dim * 4, &err), 0, "%s", err.msg);
+            cr_assert_eq(memcmp(gotf, eyf, dim * 4), 0,
+                         "back-to-back token %d (placement %s): f32 differs from the emulation", t,
+                         where);
+            cr_assert_eq(memcmp(got, eout, dim * 2), 0, "back-to-back token %d: bf16 differs", t);
+            sl_gpu_free(c, ot[t]);
+            sl_gpu_free(c, ft[t]);
+        }
         free(tab);
         free(rw);
         free(bias);
@@ -725,9 +771,9 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
     cr_assert_eq(sl_gpu_moe_part(c, &bad, 1, w, &err), SL_EINVAL);
     cr_assert_eq(sl_gpu_sync(c, &err), 0, "%s", err.msg);
     printf("gpu split dim %u inter %u n %u placement %s: %d random splits (some with the "
-           "queued experts' down early) and the device-routed start (device tier = the 'd' "
-           "experts) bit-exact with the one-shot call and the emulation; device picks = "
-           "router.c's\n",
+           "queued experts' down early), the device-routed start (device tier = the 'd' "
+           "experts) and 6 device-routed tokens back to back (other weights, other tables) "
+           "bit-exact with the one-shot call and the emulation; device picks = router.c's\n",
            dim, inter, n_used, where, trials);
 
     for (uint32_t k = 0; k < n_used; k++) unplace(c, keep[k], host[k]);
