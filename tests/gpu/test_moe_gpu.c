@@ -707,10 +707,12 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
             cr_assert_eq(memcmp(got, one, dim * 2), 0, "device-routed pass %d: bf16 differs", pass);
         }
         /* Tokens back to back, nothing waited for between them but the picks: each has
-         * other routing weights and, from the second on, another device-tier table (one
-         * more pick in or out), so the gate/up reading an earlier token's table shows. */
+         * its own x, other routing weights and, from the second on, another device-tier
+         * table (one more pick in or out), so the gate/up reading an earlier token's
+         * table or x shows. */
         enum { NT = 6 };
-        void *ot[NT], *ft[NT];
+        void *ot[NT], *ft[NT], *xt[NT];
+        uint16_t *xh[NT];
         sl_moe_route fr[NT];
         uint32_t in_t0 = want_started; /* rank 0 is out since pass 1 */
         for (int t = 0; t < NT; t++) {
@@ -720,6 +722,8 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
             poison_dev(c, ft[t], dim * 4);
             fr[t] = L.route;
             for (uint32_t k = 0; k < n_used; k++) fr[t].weight[k] *= 1.0f + 0.125f * (float)t;
+            xh[t] = rand_bf16(dim, 1.0f);
+            xt[t] = to_dev(c, xh[t], dim * 2);
         }
         for (int t = 0; t < NT; t++) {
             const uint32_t k = (uint32_t)t % n_used; /* toggle rank k's expert in the tier */
@@ -730,8 +734,8 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
                 cr_assert_eq(sl_gpu_t0_set(c, td, &idx, &e, 1, &err), 0, "%s", err.msg);
                 in_t0 ^= 1u << k;
             }
-            cr_assert_eq(sl_gpu_moe_shared(c, xd, &sh, &err), 0, "%s", err.msg);
-            cr_assert_eq(sl_gpu_route_start(c, xd, rwd, bd, td, &fr[t], &err), 0, "%s", err.msg);
+            cr_assert_eq(sl_gpu_moe_shared(c, xt[t], &sh, &err), 0, "%s", err.msg);
+            cr_assert_eq(sl_gpu_route_start(c, xt[t], rwd, bd, td, &fr[t], &err), 0, "%s", err.msg);
             cr_assert_eq(sl_gpu_route_wait(c, &rgot, &started, &err), 0, "%s", err.msg);
             cr_assert_eq(started, in_t0, "token %d: started 0x%x, want 0x%x", t, started, in_t0);
             uint32_t rest[8], nr = 0;
@@ -741,7 +745,7 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
             cr_assert_eq(sl_gpu_moe_finish(c, ot[t], ft[t], &err), 0, "%s", err.msg);
         }
         for (int t = 0; t < NT; t++) {
-            cr_assert_eq(sl_emu_moe(s, L.x, &fr[t], L.w, &L.sh, eout, eyf, NULL, &err), 0, "%s",
+            cr_assert_eq(sl_emu_moe(s, xh[t], &fr[t], L.w, &L.sh, eout, eyf, NULL, &err), 0, "%s",
                          err.msg);
             cr_assert_eq(sl_gpu_download(c, got, ot[t], dim * 2, &err), 0, "%s", err.msg);
             cr_assert_eq(sl_gpu_download(c, gotf, ft[t], dim * 4, &err), 0, "%s", err.msg);
@@ -751,6 +755,8 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
             cr_assert_eq(memcmp(got, eout, dim * 2), 0, "back-to-back token %d: bf16 differs", t);
             sl_gpu_free(c, ot[t]);
             sl_gpu_free(c, ft[t]);
+            sl_gpu_free(c, xt[t]);
+            free(xh[t]);
         }
         free(tab);
         free(rw);
@@ -772,7 +778,7 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
     cr_assert_eq(sl_gpu_sync(c, &err), 0, "%s", err.msg);
     printf("gpu split dim %u inter %u n %u placement %s: %d random splits (some with the "
            "queued experts' down early), the device-routed start (device tier = the 'd' "
-           "experts) and 6 device-routed tokens back to back (other weights, other tables) "
+           "experts) and 6 device-routed tokens back to back (other x, weights and tables) "
            "bit-exact with the one-shot call and the emulation; device picks = router.c's\n",
            dim, inter, n_used, where, trials);
 
