@@ -186,6 +186,15 @@ static decltype(&k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>) dp_kernel(bool sta
                  : k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>;
 }
 
+/* The bulk-copy down's grid for n experts: persistent (ST > 1), as many CTAs as fit;
+ * else one per tile. */
+static uint32_t dp_grid(const sl_gpu_ctx *c, int n)
+{
+    const uint32_t tiles = c->shape.dim / DP_TD;
+    const uint32_t fit = (uint32_t)(c->dt_occ[n] * c->n_sm);
+    return DP_ST == 1 || fit > tiles ? tiles : fit;
+}
+
 /* Gate/up + SwiGLU of the table's experts into s.h (at each expert's slot); tma picks
  * the bulk-copy kernel (weights in device memory), after k_quant_x_img on st: pdl then
  * says whether that kernel may overlap the one before it, the gate/up always overlaps
@@ -244,12 +253,10 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
 {
     const uint32_t dim = c->shape.dim, inter = c->shape.inter;
     if (tma) {
-        /* persistent (ST > 1): as many CTAs as fit; else one per tile */
-        uint32_t grid = DP_ST == 1 ? dim / DP_TD : (uint32_t)(c->dt_occ[tab.n] * c->n_sm);
-        if (grid > dim / DP_TD) grid = dim / DP_TD;
         /* milestones of the main stream's downs only (not the side stream's shared one) */
         unsigned long long *stamps = st == c->main ? c->dn_stamps : NULL;
-        return k_launch(dp_kernel(stamps != NULL), grid, k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
+        return k_launch(dp_kernel(stamps != NULL), dp_grid(c, tab.n),
+                        k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
                         k_dpt_smem(tab.n, inter, DP_TD, DP_ST), st, pdl, tab, (const int8_t *)s.hq,
                         (const float *)s.hd, dim, inter, extra, out_f32, out, part, stamps);
     }
@@ -688,14 +695,11 @@ extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *er
     if (c->in_token || c->route_pending)
         return sl_err_set(err, SL_EINVAL, "sl_gpu_set_probe: a token is in flight");
     if (p->gu_stamps || p->dn_stamps) { /* the most (CTA, group) records a launch writes */
-        uint32_t gu = (uint32_t)(c->gt_occ > c->gtd_occ ? c->gt_occ : c->gtd_occ);
+        const uint32_t gu =
+            (uint32_t)(c->gt_occ > c->gtd_occ ? c->gt_occ : c->gtd_occ) * (uint32_t)c->n_sm * GT_NG;
         uint32_t dn = 0;
         for (int n = 1; n <= SL_GPU_MAX_USED; n++)
-            if ((uint32_t)c->dt_occ[n] > dn) dn = (uint32_t)c->dt_occ[n];
-        gu *= (uint32_t)c->n_sm * GT_NG;
-        const uint32_t tiles = c->shape.dim / DP_TD; /* launch_down's grid, at most */
-        dn =
-            (DP_ST == 1 || dn * (uint32_t)c->n_sm > tiles ? tiles : dn * (uint32_t)c->n_sm) * DP_NG;
+            if (dp_grid(c, n) * DP_NG > dn) dn = dp_grid(c, n) * DP_NG;
         if ((p->gu_stamps && gu > p->records) || (p->dn_stamps && dn > p->records))
             return sl_err_set(err, SL_EINVAL,
                               "sl_gpu_set_probe: %u records, the kernels may write %u (gate/up) "
