@@ -23,6 +23,7 @@
 
 #include "fused_plan.h"
 #include "gpu.h"
+#include "k_launch.cuh"
 #include "moe_emu.h"
 #include "score.h"
 
@@ -751,18 +752,6 @@ __device__ __forceinline__ void k_mbar_wait(uint64_t *bar, uint32_t parity)
 __device__ __forceinline__ void k_mbar_arrive(uint64_t *bar)
 {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(k_sa(bar)) : "memory");
-}
-
-/* Programmatic dependent launch: wait for the previous kernel of the stream (and its
- * memory); let the next one start its prologue. Both are no-ops without PDL. */
-__device__ __forceinline__ void k_pdl_wait()
-{
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void k_pdl_go()
-{
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 /* The start of a bulk-copy pipeline: thread 0 initialises the nbar barriers at bar and
@@ -2006,26 +1995,6 @@ __global__ void k_quant_h_pdl(const __grid_constant__ sl_kscratch s, uint32_t gr
     const int q = k_q8_lane(s.h[(size_t)grp * 32 + lane], &d);
     s.hq[(size_t)grp * 32 + lane] = (int8_t)q;
     if (lane == 0) s.hd[grp] = d;
-}
-
-/* Launches kern<<<grid, block, smem, st>>>(args...), with programmatic stream
- * serialization when pdl (the kernel then starts while the previous one drains and
- * must call k_pdl_wait before touching what that one wrote). */
-template <typename... P, typename... A>
-inline cudaError_t k_launch(void (*kern)(P...), uint32_t grid, uint32_t block, size_t smem,
-                            cudaStream_t st, bool pdl, A &&...args)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kern, std::forward<A>(args)...);
 }
 
 /* q8_1 of the SwiGLU outputs h [groups*32] (one warp per block of 32), for gate/up

@@ -5,16 +5,9 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
+#include "bench_ck.h"
+#include "k_launch.cuh"
 #include "launch_bench.h"
-
-#define CKL(call)                                                                                  \
-    do {                                                                                           \
-        cudaError_t rc_ = (call);                                                                  \
-        if (rc_ != cudaSuccess) {                                                                  \
-            snprintf(msg, 256, "%s: %s", #call, cudaGetErrorString(rc_));                          \
-            return -1;                                                                             \
-        }                                                                                          \
-    } while (0)
 
 namespace
 {
@@ -22,8 +15,8 @@ namespace
 __device__ __forceinline__ void pdl_step(int pdl)
 {
     if (pdl) {
-        asm volatile("griddepcontrol.wait;\n" ::: "memory");
-        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+        k_pdl_wait();
+        k_pdl_go();
     }
 }
 
@@ -44,47 +37,34 @@ __global__ void k_smem(int *sink, int pdl)
     if (sm[(threadIdx.x + 1) % blockDim.x] < 0) *sink = 1;
 }
 
-cudaError_t launch(void (*k)(int *, int), int grid, size_t smem, int pdl, int *sink)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(256);
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, k, sink, pdl);
-}
-
-} // namespace
+} /* namespace */
 
 /* lb_chain's body; e0, e1 and sink are the caller's, freed by it. */
 static int chain(int kind, int n, int pdl, int carve, size_t smem, double *us, char *msg,
                  cudaEvent_t *e0, cudaEvent_t *e1, int **sink)
 {
     int dev = 0, n_sm = 0;
-    CKL(cudaGetDevice(&dev));
-    CKL(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    CKL(cudaFuncSetAttribute(k_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CKB(cudaGetDevice(&dev));
+    CKB(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    CKB(cudaFuncSetAttribute(k_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const cudaFuncAttribute a = cudaFuncAttributePreferredSharedMemoryCarveout;
-    CKL(cudaFuncSetAttribute(k_nop, a, carve));
-    CKL(cudaFuncSetAttribute(k_smem, a, carve));
-    CKL(cudaMalloc(sink, 4));
-    CKL(cudaEventCreate(e0));
-    CKL(cudaEventCreate(e1));
+    CKB(cudaFuncSetAttribute(k_nop, a, carve));
+    CKB(cudaFuncSetAttribute(k_smem, a, carve));
+    CKB(cudaMalloc(sink, 4));
+    CKB(cudaEventCreate(e0));
+    CKB(cudaEventCreate(e1));
     float best = 1e30f;
     for (int rep = 0; rep < 3; rep++) {
-        CKL(cudaEventRecord(*e0));
+        CKB(cudaEventRecord(*e0));
         for (int i = 0; i < n; i++) {
             const bool big = kind == LB_SMEM || (kind == LB_ALTERNATE && (i & 1));
-            CKL(launch(big ? k_smem : k_nop, n_sm, big ? smem : 0, pdl, *sink));
+            CKB(k_launch(big ? k_smem : k_nop, (uint32_t)n_sm, 256, big ? smem : 0, 0, pdl != 0,
+                         *sink, pdl));
         }
-        CKL(cudaEventRecord(*e1));
-        CKL(cudaEventSynchronize(*e1));
+        CKB(cudaEventRecord(*e1));
+        CKB(cudaEventSynchronize(*e1));
         float ms = 0;
-        CKL(cudaEventElapsedTime(&ms, *e0, *e1));
+        CKB(cudaEventElapsedTime(&ms, *e0, *e1));
         if (ms < best) best = ms;
     }
     *us = best * 1e3 / n;

@@ -9,17 +9,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bench_ck.h"
 #include "moe_kern.cuh"
 #include "moe_bench.h"
-
-#define CKB(call)                                                                                  \
-    do {                                                                                           \
-        cudaError_t rc_ = (call);                                                                  \
-        if (rc_ != cudaSuccess) {                                                                  \
-            snprintf(msg, 256, "%s: %s", #call, cudaGetErrorString(rc_));                          \
-            return -1;                                                                             \
-        }                                                                                          \
-    } while (0)
 
 /* The current device's SM count. */
 static cudaError_t sm_count(int *n_sm)
