@@ -109,22 +109,25 @@ static void rig_open(rig *r, uint64_t seed)
     rig_open_layers(r, seed, 0);
 }
 
+/* Starts sluice-compute on the rig's model and fetcher with the flags extra[]
+ * (NULL-terminated). */
+static pid_t spawn_compute(rig *r, const char *const *extra)
+{
+    const char *argv[32] = {SL_BIN_DIR "/sluice-compute", "-m", r->model, "--endpoint",
+                            r->endpoint};
+    int n = 5;
+    for (; *extra; extra++) {
+        cr_assert_lt(n, 31, "too many flags");
+        argv[n++] = *extra;
+    }
+    argv[n] = NULL;
+    return spawn(r->log, argv);
+}
+
 static pid_t start_compute(rig *r, const char *out)
 {
-    const char *argv[] = {SL_BIN_DIR "/sluice-compute",
-                          "-m",
-                          r->model,
-                          "--endpoint",
-                          r->endpoint,
-                          "-n",
-                          STEPS,
-                          "--seed",
-                          "5",
-                          "-o",
-                          out,
-                          "-q",
-                          NULL};
-    return spawn(r->log, argv);
+    const char *flags[] = {"-n", STEPS, "--seed", "5", "-o", out, "-q", NULL};
+    return spawn_compute(r, flags);
 }
 
 static void rig_close(rig *r)
@@ -244,19 +247,8 @@ Test(compute, no_fetcher_is_one_clear_error, .timeout = 60)
     rig_open(&r, 6);
     char out[200];
     snprintf(out, sizeof out, "%s/none.bin", r.dir);
-    const char *argv[] = {SL_BIN_DIR "/sluice-compute",
-                          "-m",
-                          r.model,
-                          "--endpoint",
-                          r.endpoint,
-                          "-n",
-                          "1",
-                          "--timeout",
-                          "500",
-                          "-o",
-                          out,
-                          NULL};
-    cr_assert_eq(wait_exit(spawn(r.log, argv), 30), 1);
+    const char *flags[] = {"-n", "1", "--timeout", "500", "-o", out, NULL};
+    cr_assert_eq(wait_exit(spawn_compute(&r, flags), 30), 1);
     const char *log = log_tail(r.log);
     cr_assert(strstr(log, "no fetcher answered"), "%s", log);
     rig_close(&r);
@@ -301,20 +293,8 @@ Test(compute, prefetch_changes_no_byte, .timeout = 120)
     reference(&r, ref, sizeof ref);
     start_fetcher(&r, "40");
     snprintf(out, sizeof out, "%s/prefetch.bin", r.dir);
-    const char *argv[] = {SL_BIN_DIR "/sluice-compute",
-                          "-m",
-                          r.model,
-                          "--endpoint",
-                          r.endpoint,
-                          "-n",
-                          STEPS,
-                          "--seed",
-                          "5",
-                          "-o",
-                          out,
-                          "--prefetch",
-                          NULL};
-    cr_assert_eq(wait_exit(spawn(r.log, argv), 120), 0);
+    const char *flags[] = {"-n", STEPS, "--seed", "5", "-o", out, "--prefetch", NULL};
+    cr_assert_eq(wait_exit(spawn_compute(&r, flags), 120), 0);
     same_bytes(out, ref, "with prefetch", r.log);
     const char *log = log_tail(r.log);
     cr_assert(strstr(log, "prefetch:") && strstr(log, "wasted reads per useful one"),
@@ -333,19 +313,8 @@ Test(compute, synthetic_routing_is_deterministic_across_arena_sizes, .timeout = 
     const char *outs[2] = {a, b};
     for (int i = 0; i < 2; i++) {
         start_fetcher(&r, slots[i]);
-        const char *argv[] = {SL_BIN_DIR "/sluice-compute",
-                              "-m",
-                              r.model,
-                              "--endpoint",
-                              r.endpoint,
-                              "-n",
-                              "16",
-                              "--routing",
-                              "zipf:1.2",
-                              "-o",
-                              outs[i],
-                              NULL};
-        cr_assert_eq(wait_exit(spawn(r.log, argv), 120), 0, "%s", log_tail(r.log));
+        const char *flags[] = {"-n", "16", "--routing", "zipf:1.2", "-o", outs[i], NULL};
+        cr_assert_eq(wait_exit(spawn_compute(&r, flags), 120), 0, "%s", log_tail(r.log));
         kill_fetcher(&r, SIGTERM);
     }
     char cmd[512];
@@ -367,23 +336,11 @@ Test(compute, warmup_steps_leave_the_counters_and_floors_are_printed, .timeout =
     snprintf(out, sizeof out, "%s/warm.bin", r.dir);
     snprintf(n_after, sizeof n_after, "%d", atoi(STEPS) - 3);
     /* 3 warm-up steps then the rest: the same steps, so the same bytes out. */
-    const char *argv[] = {SL_BIN_DIR "/sluice-compute",
-                          "-m",
-                          r.model,
-                          "--endpoint",
-                          r.endpoint,
-                          "-n",
-                          n_after,
-                          "--warmup",
-                          "3",
-                          "--seed",
-                          "5",
-                          "-o",
-                          out,
-                          "--ceilings",
-                          "disk=2.5,hbm=4000,copy=50,zc=45",
-                          NULL};
-    cr_assert_eq(wait_exit(spawn(r.log, argv), 120), 0, "%s", log_tail(r.log));
+    const char *flags[] = {
+        "-n", n_after, "--warmup", "3",          "--seed",
+        "5",  "-o",    out,        "--ceilings", "disk=2.5,hbm=4000,copy=50,zc=45",
+        NULL};
+    cr_assert_eq(wait_exit(spawn_compute(&r, flags), 120), 0, "%s", log_tail(r.log));
     same_bytes(out, ref, "after a warm-up", r.log);
     const char *log = log_tail(r.log);
     char want[64];
@@ -420,23 +377,11 @@ Test(compute, layer_passes_run_the_layers_again, .timeout = 120)
     const char *passes[2] = {"2", "7"};
     const char *layers[2] = {"step (12 layers)", "step (42 layers)"};
     for (int i = 0; i < 2; i++) {
-        const char *argv[] = {SL_BIN_DIR "/sluice-compute",
-                              "-m",
-                              r.model,
-                              "--endpoint",
-                              r.endpoint,
-                              "-n",
-                              "4",
-                              "--seed",
-                              "5",
-                              "--layer-passes",
-                              passes[i],
-                              "-o",
-                              out,
-                              "--ceilings",
-                              "disk=2.5,hbm=4000,copy=50,zc=45",
-                              NULL};
-        cr_assert_eq(wait_exit(spawn(r.log, argv), 120), 0, "%s", log_tail(r.log));
+        const char *flags[] = {
+            "-n",      "4",  "--seed", "5",          "--layer-passes",
+            passes[i], "-o", out,      "--ceilings", "disk=2.5,hbm=4000,copy=50,zc=45",
+            NULL};
+        cr_assert_eq(wait_exit(spawn_compute(&r, flags), 120), 0, "%s", log_tail(r.log));
         const char *log = log_tail(r.log), *run = log; /* this run's summary: the last */
         for (const char *p = log; (p = strstr(p, "steps in")); p++) run = p;
         cr_assert(strstr(run, layers[i]), "%s", log);
@@ -466,24 +411,10 @@ Test(compute, layer_passes_equal_the_deeper_model, .timeout = 120)
     for (int k = 0; k < 2; k++) {
         rig *x = k ? &r : &d;
         start_fetcher(x, "96");
-        const char *argv[] = {SL_BIN_DIR "/sluice-compute",
-                              "-m",
-                              x->model,
-                              "--endpoint",
-                              x->endpoint,
-                              "-n",
-                              STEPS,
-                              "--seed",
-                              "5",
-                              "--routing",
-                              "router",
-                              "--layer-passes",
-                              k ? "2" : "1",
-                              "-o",
-                              k ? twice : deep,
-                              "-q",
-                              NULL};
-        cr_assert_eq(wait_exit(spawn(x->log, argv), 120), 0, "%s", log_tail(x->log));
+        const char *flags[] = {
+            "-n",          STEPS, "--seed",         "5",  "--routing", "router", "--layer-passes",
+            k ? "2" : "1", "-o",  k ? twice : deep, "-q", NULL};
+        cr_assert_eq(wait_exit(spawn_compute(x, flags), 120), 0, "%s", log_tail(x->log));
         kill_fetcher(x, SIGTERM);
     }
     same_bytes(twice, deep, "2 passes of 6 layers against 12 layers", r.log);
