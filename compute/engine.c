@@ -58,6 +58,8 @@ typedef struct t0_tier {
     uint32_t n_slot;
     uint8_t *base; /* device memory, n_slot * slot_bytes */
     uint64_t slot_bytes;
+    uint64_t down_off; /* a slot: T1's gate and up regions as they are, then at down_off the
+                        * down in packed blocks (gpu.h: sl_gpu_upload_down) */
     sl_t0cache cache;
 #ifdef SL_HAVE_CUDA
     /* The same table on the device, for routing there (gpu.h): an entry per (layer,
@@ -550,6 +552,10 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
                                   blocks_bytes(c->shape.sh_up_type, m->dim, m->moe_inter),
                                   blocks_bytes(c->shape.sh_down_type, m->moe_inter, m->dim)};
     *resident = 0;
+    /* a Q3_K down goes to the device in packed blocks (gpu.h) */
+    const int sh_pk = c->shape.sh_down_type == SL_QTYPE_Q3_K;
+    const uint64_t sh_dev[3] = {sh_bytes[0], sh_bytes[1],
+                                sh_pk ? sl_gpu_packed_bytes(sh_bytes[2]) : sh_bytes[2]};
     for (uint32_t l = 0; l < m->n_layer && !rc; l++) {
         layer_w *w = &c->layers[l];
         uint64_t rb = (uint64_t)m->n_expert * m->dim * sizeof(uint16_t);
@@ -558,9 +564,16 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
             rc = upload_new(c, w->ffn_norm, m->dim * sizeof(float), (void **)&w->ffn_norm_dev, err);
         if (!rc)
             rc = upload_new(c, w->bias, m->n_expert * sizeof(float), (void **)&w->bias_dev, err);
-        for (int p = 0; p < 3 && !rc; p++)
+        for (int p = 0; p < 2 && !rc; p++)
             rc = upload_new(c, w->shared[p], sh_bytes[p], &w->shared_dev[p], err);
-        *resident += rb + m->n_expert * sizeof(float) + sh_bytes[0] + sh_bytes[1] + sh_bytes[2];
+        if (!rc && sh_pk) {
+            rc = sl_gpu_malloc(c->gpu, &w->shared_dev[2], sh_dev[2], err);
+            if (!rc)
+                rc = sl_gpu_upload_down(c->gpu, w->shared_dev[2], w->shared[2], sh_bytes[2], err);
+        } else if (!rc) {
+            rc = upload_new(c, w->shared[2], sh_bytes[2], &w->shared_dev[2], err);
+        }
+        *resident += rb + m->n_expert * sizeof(float) + sh_dev[0] + sh_dev[1] + sh_dev[2];
         w->shared_w_dev = (sl_moe_expert_w){w->shared_dev[0], w->shared_dev[1], w->shared_dev[2]};
     }
     /* The embedding table too, when the GPU can decode its rows: a step then starts
@@ -593,7 +606,12 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
     pl->resident = *resident;
     t0_tier *t = &c->t0;
     uint64_t n_ent = (uint64_t)m->n_layer * m->n_expert;
-    t->slot_bytes = c->map->layout.slot_bytes;
+    /* a T0 slot: T1's slot with its down region packed (a little longer) */
+    const sl_slot_layout *lay = &c->map->layout;
+    t->down_off = lay->part_offset[SL_EXPERT_DOWN];
+    t->slot_bytes = t->down_off + sl_gpu_packed_bytes(c->map->part_bytes[SL_EXPERT_DOWN]);
+    t->slot_bytes = (t->slot_bytes + lay->align - 1) / lay->align * lay->align;
+    if (t->slot_bytes < lay->slot_bytes) t->slot_bytes = lay->slot_bytes;
     t->n_slot = sl_compute_t0_slots(&c->opt, mem.free_bytes, mem.total_bytes,
                                     mem.shares_host_memory, t->slot_bytes, n_ent, &pl->t0_why);
     if (!t->n_slot) return 0;
@@ -659,6 +677,17 @@ static sl_moe_expert_w slot_parts(sl_compute *c, const uint8_t *slot, uint32_t l
     }
     return (sl_moe_expert_w){part[0], part[1], part[2]};
 }
+
+#ifdef SL_HAVE_CUDA
+/* The parts of an expert in T0 slot `slot` (see t0_tier). */
+static sl_moe_expert_w t0_parts(sl_compute *c, uint32_t slot, uint32_t layer, uint32_t expert)
+{
+    uint8_t *base = c->t0.base + slot * c->t0.slot_bytes;
+    sl_moe_expert_w p = slot_parts(c, base, layer, expert);
+    p.down = base + c->t0.down_off;
+    return p;
+}
+#endif
 
 static double gib(uint64_t b)
 {
@@ -742,11 +771,15 @@ static uint32_t t0_fill(sl_compute *c, uint32_t l, uint32_t e, const uint8_t *ho
         *rc = t0_table_note(c, evicted, (sl_gpu_t0e){NULL, NULL, NULL}, err);
         if (*rc) return NO_SLOT;
     }
-    *rc =
-        sl_gpu_upload_async(c->gpu, t->base + slot * t->slot_bytes, host_slot, t->slot_bytes, err);
+    uint8_t *dst = t->base + slot * t->slot_bytes;
+    *rc = sl_gpu_upload_async(c->gpu, dst, host_slot, t->down_off, err); /* gate, up */
+    if (!*rc)
+        *rc =
+            sl_gpu_upload_down_async(c->gpu, dst + t->down_off, slot_parts(c, host_slot, l, e).down,
+                                     c->map->part_bytes[SL_EXPERT_DOWN], err);
     if (*rc) return NO_SLOT;
     sl_t0cache_fill(&t->cache, slot, key);
-    const sl_moe_expert_w p = slot_parts(c, t->base + slot * t->slot_bytes, l, e);
+    const sl_moe_expert_w p = t0_parts(c, slot, l, e);
     *rc = t0_table_note(c, key, (sl_gpu_t0e){p.gate, p.up, p.down}, err);
     return *rc ? NO_SLOT : slot;
 }
@@ -1163,7 +1196,7 @@ static int place(sl_compute *c, uint32_t l, uint32_t rank, uint32_t e, uint32_t 
             if (rc) return rc;
             if (t != NO_SLOT) {
                 c->t0.cache.in_use[t] = 1;
-                c->by_rank[rank] = slot_parts(c, c->t0.base + t * c->t0.slot_bytes, l, e);
+                c->by_rank[rank] = t0_parts(c, t, l, e);
                 return 0;
             }
         }
@@ -1282,7 +1315,7 @@ static int gather(sl_compute *c, uint32_t l, const sl_moe_route *route, sl_fetch
             sl_t0cache_ask(&t->cache, l * c->cfg.n_expert + route->expert[i]);
         if (slot != NO_SLOT) {
             sl_t0cache_hit(&t->cache, slot);
-            c->by_rank[i] = slot_parts(c, t->base + slot * t->slot_bytes, l, route->expert[i]);
+            c->by_rank[i] = t0_parts(c, slot, l, route->expert[i]);
             c->hit_t0++;
             if (started) {
                 c->launched[i] = 1;

@@ -80,6 +80,23 @@ void sl_gpu_free(sl_gpu_ctx *ctx, void *dev);
 int sl_gpu_upload(sl_gpu_ctx *ctx, void *dev, const void *host, size_t bytes, sl_err *err);
 int sl_gpu_download(sl_gpu_ctx *ctx, void *host, const void *dev, size_t bytes, sl_err *err);
 
+/* Q3_K down projections in device memory are kept in packed blocks (SL_Q3K_PACKED
+ * bytes: the GGUF block, then 2 zero bytes), so that the down kernel reads every block
+ * 16-byte aligned; in registered host memory (T1, zero-copy) they stay raw. The MoE
+ * calls below take a Q3_K down in device memory as packed and one in host memory as
+ * raw: put every device copy there with these (a raw device copy computes garbage).
+ * sl_gpu_packed_bytes: the device bytes of raw_bytes of Q3_K blocks. upload_down:
+ * packs raw_bytes (a multiple of 110) from host into dev (16-byte aligned), waiting;
+ * upload_down_async: the same under sl_gpu_upload_async's rules (host pinned or
+ * registered): the copy stream brings the raw blocks into a stage, and the main stream
+ * packs them (sl_emu_pack_q3_k's bytes) before the next work queued that may read them,
+ * so that the packing waits for no SM that a kernel holds. */
+uint64_t sl_gpu_packed_bytes(uint64_t raw_bytes);
+int sl_gpu_upload_down(sl_gpu_ctx *ctx, void *dev, const void *host, uint64_t raw_bytes,
+                       sl_err *err);
+int sl_gpu_upload_down_async(sl_gpu_ctx *ctx, void *dev, const void *host, uint64_t raw_bytes,
+                             sl_err *err);
+
 /* Registers host memory (e.g. the POSIX shm arena) as mapped and portable, so that
  * kernels read it in place; *dev is the device address of host. */
 int sl_gpu_host_register(void *host, size_t bytes, void **dev, sl_err *err);

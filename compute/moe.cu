@@ -38,6 +38,7 @@
 #define DP_TD   8    /* output rows per tile (stage), bulk-copy down */
 #define DP_ST   2    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
 #define DP_NG   2    /* warp groups per CTA, persistent bulk-copy down */
+#define PK_RING 4    /* stages of Q3_K downs between the copy and their packing */
 #define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
@@ -68,7 +69,23 @@ struct sl_gpu_ctx {
     cudaEvent_t ev_copy;  /* the copies queued so far (main waits before reading them) */
     cudaEvent_t ev_fence; /* the end of the last token's work (copies wait for it) */
     int copies_pending;   /* copies queued since the main stream last waited for them */
-    int fence_new;        /* ev_fence recorded since the copy stream last waited */
+    /* Q3_K downs on their way into device memory (sl_gpu_upload_down_async): the copy
+     * stream brings the raw blocks into a stage of the ring, the main stream packs them
+     * (at its next join_copies, so that the packing never waits on the copy stream for
+     * SMs that the kernels hold), and the stage is reused once its packing is done. */
+    struct {
+        uint8_t *buf;
+        uint64_t cap;
+        cudaEvent_t done; /* the packing that read it (main stream) */
+        int recorded;     /* done has been recorded */
+    } pk[PK_RING];
+    struct {
+        uint32_t ring;
+        uint8_t *dst;
+        uint64_t n;     /* blocks */
+    } pk_wait[PK_RING]; /* copied, not packed yet */
+    uint32_t n_pk_wait, pk_next;
+    int fence_new; /* ev_fence recorded since the copy stream last waited */
     cudaEvent_t ev_in, ev_sh;
     cudaEvent_t ev_logits;  /* the router's logits are in logits_host */
     int router_pending;     /* sl_gpu_router_start without its wait yet */
@@ -137,13 +154,24 @@ static int in_host(const void *p)
     return a.type != cudaMemoryTypeDevice;
 }
 
-/* The main stream waits for the copies queued so far (before work that reads them). */
+/* The main stream waits for the copies queued so far (before work that reads them),
+ * then packs the Q3_K downs among them. */
 static cudaError_t join_copies(sl_gpu_ctx *c)
 {
     if (!c->copies_pending) return cudaSuccess;
     c->copies_pending = 0;
     cudaError_t rc = cudaEventRecord(c->ev_copy, c->copy);
-    return rc == cudaSuccess ? cudaStreamWaitEvent(c->main, c->ev_copy, 0) : rc;
+    if (rc == cudaSuccess) rc = cudaStreamWaitEvent(c->main, c->ev_copy, 0);
+    for (uint32_t i = 0; i < c->n_pk_wait && rc == cudaSuccess; i++) {
+        const uint32_t r = c->pk_wait[i].ring;
+        const uint64_t words = c->pk_wait[i].n * (SL_Q3K_PACKED / 4);
+        rc = k_launch(k_pack_q3_k, (uint32_t)((words + 255) / 256), 256, 0, c->main, false,
+                      (const uint8_t *)c->pk[r].buf, c->pk_wait[i].n, c->pk_wait[i].dst);
+        if (rc == cudaSuccess) rc = cudaEventRecord(c->pk[r].done, c->main);
+        c->pk[r].recorded = 1;
+    }
+    c->n_pk_wait = 0;
+    return rc;
 }
 
 /* Shared memory of the bulk-copy gate/up. */
@@ -179,11 +207,16 @@ static decltype(&k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gtd_kernel(b
                  : k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>;
 }
 
-/* The bulk-copy down, recording milestones or not. */
-static decltype(&k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>) dp_kernel(bool stamp)
+/* The bulk-copy down on packed blocks (device memory), recording milestones or not; raw:
+ * on raw GGUF blocks (a down in host memory after sl_gpu_moe_down_early), no milestones. */
+static decltype(&k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, DP_TD * DP_LPR == 32, false,
+                                SL_Q3K_PACKED>)
+dp_kernel(bool stamp, bool raw = false)
 {
-    return stamp ? k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, DP_TD * DP_LPR == 32, true>
-                 : k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG>;
+    constexpr bool EI = DP_TD * DP_LPR == 32;
+    if (raw) return k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, false, 110>;
+    return stamp ? k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, true, SL_Q3K_PACKED>
+                 : k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, false, SL_Q3K_PACKED>;
 }
 
 /* The bulk-copy down's grid for n experts: persistent (ST > 1), as many CTAs as fit;
@@ -235,30 +268,50 @@ static cudaError_t launch_quant_h(const sl_gpu_ctx *c, const sl_kscratch &s, uin
     return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, st, pdl, s, groups, gpe, mask);
 }
 
+/* Notes the layout of slot's down in c->all (packed in device memory, raw in host
+ * memory) and whether the token's downs need the register-staged kernel. */
+static void note_down(sl_gpu_ctx *c, uint32_t slot)
+{
+    const int host = in_host(c->all.e[slot].down);
+    if (host)
+        c->all.pk &= ~(1u << slot);
+    else
+        c->all.pk |= 1u << slot;
+    if (!c->dt_ok || host) c->down_host = 1;
+}
+
 /* The table of the slots in mask (from c->all). */
 static sl_ktab slots_tab(const sl_gpu_ctx *c, uint32_t mask)
 {
     sl_ktab t;
     memset(&t, 0, sizeof t);
     for (int i = 0; i < SL_GPU_MAX_USED; i++)
-        if (mask >> i & 1) t.e[t.n++] = c->all.e[i];
+        if (mask >> i & 1) {
+            t.pk |= (c->all.pk >> i & 1) << t.n;
+            t.e[t.n++] = c->all.e[i];
+        }
     return t;
 }
 
 /* Down of the table's experts and their fixed-order sum (+ extra); with part (tma
- * only), each expert's rows written apart there at its slot instead (k_combine sums). */
+ * only), each expert's rows written apart there at its slot instead (k_combine sums).
+ * The bulk-copy kernel takes a table of packed downs only (device memory), or, with
+ * part, of raw ones only (tab.pk says which). */
 static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl_kscratch &s,
                                const float *extra, float *out_f32, uint16_t *out, cudaStream_t st,
                                bool tma, bool pdl, float *part = NULL)
 {
     const uint32_t dim = c->shape.dim, inter = c->shape.inter;
     if (tma) {
+        const bool raw = tab.pk == 0;
+        if (tab.pk != (1u << tab.n) - 1 && (!raw || !part)) return cudaErrorInvalidValue;
         /* milestones of the main stream's downs only (not the side stream's shared one) */
-        unsigned long long *stamps = st == c->main ? c->dn_stamps : NULL;
-        return k_launch(dp_kernel(stamps != NULL), dp_grid(c, tab.n),
+        unsigned long long *stamps = st == c->main && !raw ? c->dn_stamps : NULL;
+        return k_launch(dp_kernel(stamps != NULL, raw), dp_grid(c, tab.n),
                         k_dpt_threads(tab.n, DP_LPR, DP_TD, DP_NG),
-                        k_dpt_smem(tab.n, inter, DP_TD, DP_ST), st, pdl, tab, (const int8_t *)s.hq,
-                        (const float *)s.hd, dim, inter, extra, out_f32, out, part, stamps);
+                        k_dpt_smem(tab.n, inter, DP_TD, DP_ST, raw ? 110 : SL_Q3K_PACKED), st, pdl,
+                        tab, (const int8_t *)s.hq, (const float *)s.hd, dim, inter, extra, out_f32,
+                        out, part, stamps);
     }
     const size_t smem = k_down2_smem(tab.n, c->dn_maxv);
     const uint32_t grid = (dim / 4 + DN_T - 1) / DN_T;
@@ -344,16 +397,22 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         c->gtd_flag = 1;
         c->gt_ok = c->gt_occ >= 1;
     }
-    const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST);
+    const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST, SL_Q3K_PACKED);
     if (dt_smem + 2048 <= (size_t)optin) {         /* + its static arrays */
         for (int n = 1; n <= SL_GPU_MAX_USED; n++) /* the last sets the largest limit */
             for (int stamp = 0; stamp < 2; stamp++) {
                 int o = 0;
                 rc = prep_kernel(dp_kernel(stamp), (int)k_dpt_threads(n, DP_LPR, DP_TD, DP_NG),
-                                 k_dpt_smem(n, inter, DP_TD, DP_ST), &o, "k_down_pt_q3_k", err);
+                                 k_dpt_smem(n, inter, DP_TD, DP_ST, SL_Q3K_PACKED), &o,
+                                 "k_down_pt_q3_k", err);
                 if (rc) return rc;
                 if (!stamp || o < c->dt_occ[n]) c->dt_occ[n] = o;
             }
+        int o = 0; /* the raw form: smaller stages, as many CTAs fit at least */
+        rc = prep_kernel(
+            dp_kernel(false, true), (int)k_dpt_threads(SL_GPU_MAX_USED, DP_LPR, DP_TD, DP_NG),
+            k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST), &o, "k_down_pt_q3_k (raw)", err);
+        if (rc) return rc;
         c->dt_ok = c->dt_occ[SL_GPU_MAX_USED] >= 1;
     }
     rc = prep_kernel(k_gateup_bf16<BF_NW>, BF_NW * 32, sizeof(float) * dim, &occ, "k_gateup_bf16",
@@ -413,6 +472,9 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
     CK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking), "cudaStreamCreate(copy)");
     CK(cudaEventCreateWithFlags(&c->ev_copy, cudaEventDisableTiming), "cudaEventCreate(copy)");
     CK(cudaEventCreateWithFlags(&c->ev_fence, cudaEventDisableTiming), "cudaEventCreate(fence)");
+    for (int i = 0; i < PK_RING; i++)
+        CK(cudaEventCreateWithFlags(&c->pk[i].done, cudaEventDisableTiming),
+           "cudaEventCreate(pack)");
     CK(cudaEventCreateWithFlags(&c->ev_in, cudaEventDisableTiming), "cudaEventCreate(in)");
     CK(cudaEventCreateWithFlags(&c->ev_sh, cudaEventDisableTiming), "cudaEventCreate(shared)");
     CK(cudaEventCreateWithFlags(&c->ev_logits, cudaEventDisableTiming), "cudaEventCreate(logits)");
@@ -473,7 +535,7 @@ extern "C" int sl_gpu_open(sl_gpu_ctx **out, int dev, const sl_moe_shape *s, sl_
     c->shape = *s;
     c->sh_bf16 = sh_bf;
     const uint32_t gu_chunks = (s->dim / 256 * 84 + 30) / 16,
-                   dn_chunks = (4 * (s->inter / 256 * 110) + 30) / 16;
+                   dn_chunks = (4 * (s->inter / 256 * SL_Q3K_PACKED) + 30) / 16; /* either */
     c->gu_maxv = gu_chunks <= 128 ? 4 : 8;
     c->dn_maxv = dn_chunks <= 256 ? 8 : 16;
     const int rc = open_inner(c, err);
@@ -496,6 +558,10 @@ extern "C" void sl_gpu_close(sl_gpu_ctx **pc)
     free_scratch(&c->ss);
     cudaFree(c->y_sh);
     cudaFree(c->ys);
+    for (int i = 0; i < PK_RING; i++) {
+        cudaFree(c->pk[i].buf);
+        if (c->pk[i].done) cudaEventDestroy(c->pk[i].done);
+    }
     cudaFreeHost(c->logits_host);
     cudaFree(c->logits_dev);
     cudaFreeHost(c->kroute);
@@ -575,6 +641,7 @@ extern "C" int sl_gpu_host_unregister(void *host, sl_err *err)
 extern "C" int sl_gpu_sync(sl_gpu_ctx *c, sl_err *err)
 {
     if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_sync: NULL context");
+    CK(join_copies(c), "pack the downs copied so far");
     CK(cudaStreamSynchronize(c->side), "cudaStreamSynchronize(side)");
     CK(cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
     CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(main)");
@@ -795,7 +862,7 @@ extern "C" int sl_gpu_route_wait(sl_gpu_ctx *c, sl_moe_route *route, uint32_t *s
         if (*started >> r & 1) {
             const uint32_t slot = c->slot_of[r];
             c->all.e[slot] = c->kroute->e[slot];
-            if (!c->dt_ok || in_host(c->all.e[slot].down)) c->down_host = 1;
+            note_down(c, slot);
         }
     c->queued = *started;
     return 0;
@@ -835,6 +902,7 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
     tab.e[0].down = (const uint8_t *)sh->down;
     tab.e[0].w = 1.0f;
     tab.e[0].slot = 0;
+    tab.pk = !c->sh_bf16 && !in_host(sh->down);
     if (!c->sh_bf16 && s->n_used < SL_GPU_MAX_USED && c->gt_ok && c->dt_ok && !in_host(sh->gate) &&
         !in_host(sh->up) && !in_host(sh->down)) {
         c->sh = tab.e[0];
@@ -916,7 +984,7 @@ extern "C" int sl_gpu_moe_part(sl_gpu_ctx *c, const uint32_t *ranks, uint32_t nr
         k->w = c->route.weight[r];
         k->slot = (int)c->slot_of[r];
         c->all.e[k->slot] = *k;
-        if (!c->dt_ok || in_host(e->down)) c->down_host = 1;
+        note_down(c, (uint32_t)k->slot);
     }
     c->queued |= mask;
     CK(join_copies(c), "wait for the copies");
@@ -962,6 +1030,7 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
                "k_gateup_tma_q2_k (shared)");
         }
         c->all.e[n] = c->sh;
+        c->all.pk |= 1u << n; /* merged: its down is in device memory */
         c->all.n = (int)n + 1;
         nq = n + 1;
         c->last_merged = 1;
@@ -970,11 +1039,15 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
     CK(join_copies(c), "wait for the copies");
     if (c->early) { /* the rest's down apart too, then the sum of every slot in order */
         const uint32_t rest = ((1u << nq) - 1) & ~c->early;
-        if (rest) {
+        if (rest) { /* packed (device memory) and raw (host memory) downs apart */
             CK(launch_quant_h(c, c->rs, nq, rest, c->main, pdl_q), "k_quant_h (rest)");
-            CK(launch_down(c, slots_tab(c, rest), c->rs, NULL, NULL, NULL, c->main, true, USE_PDL,
-                           c->ys),
-               "k_down_pt_q3_k (rest, apart)");
+            const uint32_t by[2] = {rest & c->all.pk, rest & ~c->all.pk};
+            for (int k = 0; k < 2; k++)
+                if (by[k])
+                    CK(launch_down(c, slots_tab(c, by[k]), c->rs, NULL, NULL, NULL, c->main, true,
+                                   USE_PDL, c->ys),
+                       k ? "k_down_pt_q3_k (rest in host memory, apart)"
+                         : "k_down_pt_q3_k (rest, apart)");
         }
         CK(k_launch(k_combine, (c->shape.dim + 255) / 256, 256, 0, c->main, USE_PDL && rest,
                     (const float *)c->ys, nq, c->shape.dim, extra, out_f32, out),
@@ -1004,6 +1077,7 @@ extern "C" int sl_gpu_moe_down_early(sl_gpu_ctx *c, sl_err *err)
     if (c->sh_state == SH_MERGED) {
         done |= 1u << n;
         c->all.e[n] = c->sh;
+        c->all.pk |= 1u << n;
     }
     const uint32_t now = done & ~c->early;
     if (!now) return 0;
@@ -1044,6 +1118,53 @@ extern "C" int sl_gpu_upload_async(sl_gpu_ctx *c, void *dev, const void *host, s
     CK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->copy),
        "cudaMemcpyAsync(upload_async)");
     c->copies_pending = 1;
+    return 0;
+}
+
+extern "C" uint64_t sl_gpu_packed_bytes(uint64_t raw_bytes)
+{
+    return raw_bytes / 110 * SL_Q3K_PACKED;
+}
+
+extern "C" int sl_gpu_upload_down_async(sl_gpu_ctx *c, void *dev, const void *host,
+                                        uint64_t raw_bytes, sl_err *err)
+{
+    if (!c || !dev || !host) return sl_err_set(err, SL_EINVAL, "sl_gpu_upload_down: NULL argument");
+    if (!raw_bytes || raw_bytes % 110 || ((uintptr_t)dev & 15))
+        return sl_err_set(err, SL_EINVAL,
+                          "sl_gpu_upload_down: %llu bytes are not whole Q3_K blocks, or %p is "
+                          "not 16-byte aligned",
+                          (unsigned long long)raw_bytes, dev);
+    if (c->n_pk_wait == PK_RING) CK(join_copies(c), "pack the downs copied so far");
+    const uint32_t r = c->pk_next++ % PK_RING;
+    if (raw_bytes > c->pk[r].cap) { /* grown rarely: wait until nothing reads the old one */
+        CK(join_copies(c), "pack the downs copied so far");
+        CK(cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
+        CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(main)");
+        cudaFree(c->pk[r].buf);
+        c->pk[r].buf = NULL;
+        c->pk[r].cap = 0;
+        CK(cudaMalloc(&c->pk[r].buf, raw_bytes), "cudaMalloc(pack stage)");
+        c->pk[r].cap = raw_bytes;
+    }
+    if (c->pk[r].recorded) /* its last packing has read it */
+        CK(cudaStreamWaitEvent(c->copy, c->pk[r].done, 0), "cudaStreamWaitEvent(copy, pack)");
+    const int rc = sl_gpu_upload_async(c, c->pk[r].buf, host, raw_bytes, err);
+    if (rc) return rc;
+    c->pk_wait[c->n_pk_wait].ring = r;
+    c->pk_wait[c->n_pk_wait].dst = (uint8_t *)dev;
+    c->pk_wait[c->n_pk_wait].n = raw_bytes / 110;
+    c->n_pk_wait++;
+    return 0;
+}
+
+extern "C" int sl_gpu_upload_down(sl_gpu_ctx *c, void *dev, const void *host, uint64_t raw_bytes,
+                                  sl_err *err)
+{
+    int rc = sl_gpu_upload_down_async(c, dev, host, raw_bytes, err);
+    if (rc) return rc;
+    CK(join_copies(c), "pack the down");
+    CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(upload_down)");
     return 0;
 }
 

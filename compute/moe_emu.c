@@ -7,6 +7,7 @@
  * be mirrored here, or the GPU tests' bit-exact checks fail.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "moe_emu.h"
 
@@ -281,6 +282,14 @@ void sl_emu_residual_norm(uint32_t dim, uint16_t *h, const uint16_t *y, const fl
     float r = sl_emu_div(1.0f, sl_emu_sqrt(sl_emu_add(sl_emu_div(s[0], (float)dim), eps)));
     for (uint32_t i = 0; i < dim; i++)
         x[i] = sl_emu_bf16_bits(sl_emu_mul(w[i], sl_emu_mul(sl_emu_bf16_to_f32(h[i]), r)));
+}
+
+void sl_emu_pack_q3_k(const uint8_t *src, uint64_t n, uint8_t *dst)
+{
+    for (uint64_t b = 0; b < n; b++) {
+        memcpy(dst + b * SL_Q3K_PACKED, src + b * 110, 110);
+        memset(dst + b * SL_Q3K_PACKED + 110, 0, SL_Q3K_PACKED - 110);
+    }
 }
 
 void sl_emu_embed_q2_k(const uint8_t *row, uint32_t dim, uint16_t *out)

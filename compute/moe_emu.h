@@ -284,6 +284,17 @@ void sl_emu_embed_q2_k(const uint8_t *row, uint32_t dim, uint16_t *out);
 void sl_emu_residual_norm(uint32_t dim, uint16_t *h, const uint16_t *y, const float *w, float eps,
                           uint16_t *x);
 
+/* The packed Q3_K block of device-resident down projections: the 110 bytes of a GGUF
+ * block (hmask, qs, scales, d) then 2 zero bytes, so that every block starts 16-byte
+ * aligned (a 2304-wide row: 9 blocks, 1008 bytes instead of 990) and the down kernel
+ * reads its words without realigning them. The values are the same; only the layout
+ * differs. */
+#define SL_Q3K_PACKED 112
+
+/* Packs n Q3_K blocks from src (raw, 110 bytes each) into dst (SL_Q3K_PACKED bytes
+ * each); sl_gpu_pack_q3_k's bytes. */
+void sl_emu_pack_q3_k(const uint8_t *src, uint64_t n, uint8_t *dst);
+
 /* The order in which the GPU runs and sums the picked experts: ranks sorted by
  * increasing expert id (stable). Writes n_used ranks into order. */
 void sl_emu_moe_order(const sl_moe_route *route, uint32_t n_used, uint32_t *order);

@@ -40,6 +40,7 @@ struct sl_kexp {
 };
 struct sl_ktab {
     int n;
+    unsigned pk; /* bit i: e[i].down is in packed Q3_K blocks (SL_Q3K_PACKED; device memory) */
     sl_kexp e[SL_GPU_MAX_USED];
 };
 
@@ -183,6 +184,21 @@ __device__ __forceinline__ void k_ld8(const uint8_t *p, uint32_t (&w)[8])
     for (int i = 0; i < 8; i++) w[i] = __funnelshift_r(t[i], t[i + 1], sh);
 }
 
+/* Packs n Q3_K blocks (110 bytes each from src, 2-byte aligned) into SL_Q3K_PACKED
+ * bytes each at dst (4-byte aligned): a thread a word of dst, the last word of a block
+ * its d and two zero bytes. sl_emu_pack_q3_k's bytes. */
+__global__ void k_pack_q3_k(const uint8_t *__restrict__ src, uint64_t n, uint8_t *__restrict__ dst)
+{
+    constexpr uint32_t wpb = SL_Q3K_PACKED / 4;
+    const uint64_t w = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (w >= n * wpb) return;
+    const uint64_t b = w / wpb;
+    const uint32_t k = (uint32_t)(w % wpb);
+    const uint16_t *p = (const uint16_t *)(src + b * 110 + 4 * k);
+    const uint32_t lo = p[0], hi = 4 * k + 2 < 110 ? p[1] : 0u;
+    ((uint32_t *)dst)[w] = lo | hi << 16;
+}
+
 /* Three words (the Q3_K scales) at a 2-byte aligned shared address; reads at most 2
  * bytes past them. */
 __device__ __forceinline__ void k_ld3(const uint8_t *p, uint32_t (&w)[3])
@@ -194,6 +210,20 @@ __device__ __forceinline__ void k_ld3(const uint8_t *p, uint32_t (&w)[3])
     w[0] = __funnelshift_r(t0, t1, sh);
     w[1] = __funnelshift_r(t1, t2, sh);
     w[2] = __funnelshift_r(t2, t3, sh);
+}
+
+/* Eight words from two 16-byte aligned vectors. */
+__device__ __forceinline__ void k_ld16x2(const uint4 *v, uint32_t (&w)[8])
+{
+    const uint4 a = v[0], b = v[1];
+    w[0] = a.x;
+    w[1] = a.y;
+    w[2] = a.z;
+    w[3] = a.w;
+    w[4] = b.x;
+    w[5] = b.y;
+    w[6] = b.z;
+    w[7] = b.w;
 }
 
 /* Quantizes one block of 32 activations held one per lane (the sl_block_q8_1 rules);
@@ -330,12 +360,13 @@ __device__ __forceinline__ int k_q3_group(const uint32_t (&hm)[8], const uint32_
  * (codes aq, scales ad) is read through L1, or with SH from shared memory. */
 template <bool SH = false>
 __device__ __forceinline__ float k_dot_q3_k(const uint8_t *row, const int8_t *__restrict__ aq,
-                                            const float *__restrict__ ad, uint32_t nb, int g)
+                                            const float *__restrict__ ad, uint32_t nb, int g,
+                                            uint32_t bb = 110)
 {
     const int sh = 2 * (g & 3);
     float acc = 0.0f;
     for (uint32_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + 110 * b;
+        const uint8_t *blk = row + bb * b; /* bb: 110, or SL_Q3K_PACKED */
         uint32_t hm[8], qw[8];
         k_ld8(blk, hm);
         k_ld8(blk + 32 + 32 * (g >> 2), qw);
@@ -1313,13 +1344,14 @@ inline size_t k_down_tma_smem(int n, uint32_t inter, int td)
 
 /* Bytes of one expert's slot in a stage (the chunks covering TD rows, any 8-aligned
  * start). */
-__host__ __device__ inline uint32_t k_dpt_cap(uint32_t inter, int td)
+__host__ __device__ inline uint32_t k_dpt_cap(uint32_t inter, int td, int bb = 110)
 {
+    if (bb == SL_Q3K_PACKED) return (uint32_t)td * (inter / 256 * bb); /* 16-aligned tiles */
     return ((uint32_t)td * (inter / 256 * 110) + 15) / 16 * 16 + 16;
 }
-inline size_t k_dpt_smem(int n, uint32_t inter, int td, int st)
+inline size_t k_dpt_smem(int n, uint32_t inter, int td, int st, int bb = 110)
 {
-    return (size_t)st * n * k_dpt_cap(inter, td);
+    return (size_t)st * n * k_dpt_cap(inter, td, bb);
 }
 inline uint32_t k_dpt_threads(int n, int lpr, int td, int ng)
 {
@@ -1413,10 +1445,12 @@ __device__ __forceinline__ void k_mma2_q3_k(const uint8_t *tile, uint32_t rb,
  * memory; the activation read through L1). The two groups share their qs, hmask and
  * scale words (shifts 2q and 2q + 4), which halves the shared-memory loads and
  * realignments of k_dot_q3_k per weight. */
+template <int BB = 110>
 __device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__restrict__ aq,
                                             const float *__restrict__ ad, uint32_t nb, int sub,
                                             float (&acc)[2])
 {
+    static_assert(BB == 110 || BB == SL_Q3K_PACKED, "a raw or a packed Q3_K block");
     const int j = sub >> 1, q = sub & 1, g = 4 * j + q; /* groups g and g + 2 */
     /* The fields in place (k_dp4a_us): group g's low bits at 2q, g + 2's at 2q + 4 of
      * every qs byte, their high bits at bits g and g + 2 of every hmask byte. A code is
@@ -1431,12 +1465,24 @@ __device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__
     acc[0] = 0.0f;
     acc[1] = 0.0f;
     for (uint32_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + 110 * b;
+        const uint8_t *blk = row + BB * b;
         uint32_t hm[8], qw[8], sw[3];
-        k_ld8(blk, hm);
-        k_ld8(blk + 32 + 32 * j, qw);
-        k_ld3(blk + 96, sw);
-        const float d = k_half(blk + 108);
+        float d;
+        if (BB == 110) {
+            k_ld8(blk, hm);
+            k_ld8(blk + 32 + 32 * j, qw);
+            k_ld3(blk + 96, sw);
+            d = k_half(blk + 108);
+        } else { /* 16-byte aligned: seven vector loads' worth, no realignment */
+            const uint4 *v = (const uint4 *)blk;
+            k_ld16x2(v, hm);
+            k_ld16x2(v + 2 + 2 * j, qw);
+            const uint4 t = v[6];
+            sw[0] = t.x;
+            sw[1] = t.y;
+            sw[2] = t.z;
+            d = __half2float(__ushort_as_half((unsigned short)(t.w & 0xFFFFu)));
+        }
         const uint32_t hb = __byte_perm(sw[2], 0u, sel_hi);
         const uint32_t sc = ((__byte_perm(sw[0], sw[1], sel_lo) >> ns) & 0x0F0F0F0Fu) |
                             (((hb >> ns) & 0x00000303u) | ((hb >> (ns + 2)) & 0x03030000u)) << 4;
@@ -1485,7 +1531,7 @@ __device__ __forceinline__ float k_comb22(float (&a)[2])
  * k_dot2_q3_k), a group of n*TD*LPR threads (warp-aligned: TD*LPR % 32 == 0), the
  * bf16-rounded outputs meet in shared memory and TD threads of the group add them in
  * table order (increasing expert id), then `extra`. blockDim = NG*n*TD*LPR. */
-template <int LPR, int TD, int ST, int NG, bool MMA, bool EI, bool STAMP>
+template <int LPR, int TD, int ST, int NG, bool MMA, bool EI, bool STAMP, int BB = 110>
 __device__ __forceinline__ void
 k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *__restrict__ hd,
                uint32_t dim, uint32_t inter, const float *__restrict__ extra,
@@ -1497,11 +1543,13 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
     static_assert(!MMA || (TD == 16 && LPR == 4 && NG == 1),
                   "mma: two warps (halves h) an expert's 16 rows");
     static_assert(!EI || (!MMA && TD * LPR == 32), "early refill: a warp an expert's rows");
+    static_assert(BB == 110 || (BB == SL_Q3K_PACKED && !MMA && LPR == 4),
+                  "packed blocks: the dp4a form of 4 lanes a row");
     __shared__ float2 red[MMA ? SL_GPU_MAX_USED : 1][32]; /* mma: the h = 1 warps' sums */
     extern __shared__ int4 k_smem[];
     __shared__ float ys[NG][2][SL_GPU_MAX_USED][TD];
     __shared__ uint64_t bar[ST][SL_GPU_MAX_USED]; /* one an expert: its warps start as it lands */
-    const uint32_t rb = inter / 256 * 110, nb = inter / 256, cap = k_dpt_cap(inter, TD);
+    const uint32_t rb = inter / 256 * BB, nb = inter / 256, cap = k_dpt_cap(inter, TD, BB);
     const uint32_t tiles = dim / TD, grid = gridDim.x;
     const int n = tab.n, gsz = n * TD * LPR;
     const int grp = threadIdx.x / gsz, in = threadIdx.x % gsz;
@@ -1565,7 +1613,7 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
                 a = k_butterfly(k_dot_q3_k(row, aq, adp, nb, sub), 4);
             } else {
                 float acc[2];
-                k_dot2_q3_k(row, aq, adp, nb, sub, acc);
+                k_dot2_q3_k<BB>(row, aq, adp, nb, sub, acc);
                 a = k_comb22(acc);
             }
             if (EI) { /* the expert's slot is its warp's alone: refill it before the
@@ -1606,7 +1654,8 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
 /* EI (whenever an expert's rows are one warp): each expert's warp refills its slot of the
  * stage as soon as it is done with it; else thread 0 refills the stage after the group's
  * barrier (bench/results/2026-12-01-s8-stalls.md). */
-template <int LPR, int TD, int ST, int NG, bool EI = TD *LPR == 32, bool STAMP = false>
+template <int LPR, int TD, int ST, int NG, bool EI = TD *LPR == 32, bool STAMP = false,
+          int BB = 110>
 __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
     k_down_pt_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
                    const float *__restrict__ hd, uint32_t dim, uint32_t inter,
@@ -1614,8 +1663,8 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
                    uint16_t *__restrict__ out_bf16, float *__restrict__ part,
                    unsigned long long *stamps)
 {
-    k_down_pt_body<LPR, TD, ST, NG, false, EI, STAMP>(tab, hq, hd, dim, inter, extra, out_f32,
-                                                      out_bf16, part, stamps);
+    k_down_pt_body<LPR, TD, ST, NG, false, EI, STAMP, BB>(tab, hq, hd, dim, inter, extra, out_f32,
+                                                          out_bf16, part, stamps);
 }
 
 /* The mma form (LPR 4, TD 16): 64 registers, so that 2 CTAs fit an SM. */
@@ -2086,7 +2135,9 @@ __global__ void __launch_bounds__(NW * 32)
  * (blockDim = 32 * n): each warp stages its expert's 4 rows (the next tile's load in
  * flight while it computes) and computes them (8 lanes a row);
  * the bf16-rounded outputs meet in shared memory and 4 threads add them in table
- * order (increasing expert id), then `extra`. Same arithmetic as k_down_q3_k. */
+ * order (increasing expert id), then `extra`. Same arithmetic as k_down_q3_k. Each
+ * warp reads its expert's blocks raw or packed (tab.pk), so one launch takes the
+ * device tier's packed downs beside mapped host memory's raw ones. */
 template <int MAXV, int T>
 __global__ void __launch_bounds__(SL_GPU_MAX_USED * 32)
     k_down2_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
@@ -2098,7 +2149,8 @@ __global__ void __launch_bounds__(SL_GPU_MAX_USED * 32)
     __shared__ float ys[T][SL_GPU_MAX_USED][4];
     const int lane = threadIdx.x & 31, e = threadIdx.x >> 5, team = lane >> 3, g = lane & 7;
     int4 *st = k_smem + (size_t)e * (MAXV * 32 + 1);
-    const uint32_t rb = inter / 256 * 110, nb = inter / 256;
+    const uint32_t bb = tab.pk >> e & 1 ? SL_Q3K_PACKED : 110; /* the warp's expert's blocks */
+    const uint32_t rb = inter / 256 * bb, nb = inter / 256;
     const uint32_t tiles = dim / 4, u0 = blockIdx.x * T;
     const int8_t *aq = hq + (size_t)e * inter;
     const float *ad = hd + (size_t)e * (inter / 32);
@@ -2119,7 +2171,7 @@ __global__ void __launch_bounds__(SL_GPU_MAX_USED * 32)
             cnt = k_span(src, 4 * rb, &p);
             k_span_load<MAXV>(v, p, cnt, lane);
         }
-        float a = k_dot_q3_k((const uint8_t *)st + off + team * rb, aq, ad, nb, g);
+        float a = k_dot_q3_k((const uint8_t *)st + off + team * rb, aq, ad, nb, g, bb);
         a = k_butterfly(a, 4);
         if (g == 0) ys[t][e][team] = sl_emu_bf16_round(a);
     }
@@ -2373,6 +2425,7 @@ __global__ void __launch_bounds__(1024)
     if (lane == 0) {
         if (with_sh) tab->e[n] = sh; /* the shared expert rides along (slot k) */
         tab->n = n + with_sh;
+        tab->pk = (1u << (n + with_sh)) - 1; /* the device tier's downs are packed */
     }
     __syncwarp();
     if (lane == 0 && tab_seq) { /* the gate/up may start; the host's copy follows */

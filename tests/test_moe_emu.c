@@ -87,6 +87,22 @@ Test(moe_emu, embed_q2_k_matches_decode)
     free(tab);
 }
 
+/* The device layout of a Q3_K down: each block's 110 bytes in place at 112-byte steps,
+ * the two bytes after them zero (whatever the buffer held). */
+Test(moe_emu, pack_q3_k_layout)
+{
+    enum { N = 5 };
+    uint8_t src[N * 110], dst[N * SL_Q3K_PACKED];
+    for (int i = 0; i < N * 110; i++) src[i] = (uint8_t)(i * 37 + 11);
+    memset(dst, 0xAA, sizeof dst);
+    sl_emu_pack_q3_k(src, N, dst);
+    for (int b = 0; b < N; b++) {
+        cr_assert_eq(memcmp(dst + b * SL_Q3K_PACKED, src + b * 110, 110), 0, "block %d", b);
+        cr_assert_eq(dst[b * SL_Q3K_PACKED + 110], 0, "block %d pad", b);
+        cr_assert_eq(dst[b * SL_Q3K_PACKED + 111], 0, "block %d pad", b);
+    }
+}
+
 Test(moe_emu, swiglu_clamps)
 {
     /* up to [-10, 10], gate to (-inf, 10] */

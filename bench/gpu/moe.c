@@ -333,14 +333,18 @@ int main(int argc, char **argv)
     /* the pool: host copies (for the emulation and the shm arena) and device copies */
     uint8_t *host = malloc(per_expert * np);
     if (!host) DIE("malloc(%zu)", per_expert * np);
-    void **dev = calloc(np, sizeof *dev);
+    void **dev = calloc(np, sizeof *dev), **dev_pk = calloc(np, sizeof *dev_pk);
+    const size_t bd_pk = sl_gpu_packed_bytes(bd); /* a down in device memory (gpu.h) */
+    if (!dev || !dev_pk) DIE("out of memory");
     for (int e = 0; e < np; e++) {
         uint8_t *p = host + per_expert * e;
         fill_blocks(p, SL_QTYPE_Q2_K, nel, 0.004f);
         fill_blocks(p + bg, SL_QTYPE_Q2_K, nel, 0.004f);
         fill_blocks(p + 2 * bg, SL_QTYPE_Q3_K, nel, 0.0005f);
         if (sl_gpu_malloc(c, &dev[e], per_expert, &err) ||
-            sl_gpu_upload(c, dev[e], p, per_expert, &err))
+            sl_gpu_upload(c, dev[e], p, per_expert, &err) ||
+            sl_gpu_malloc(c, &dev_pk[e], bd_pk, &err) ||
+            sl_gpu_upload_down(c, dev_pk[e], p + 2 * bg, bd, &err))
             DIE("%s", err.msg);
     }
     uint16_t xh[DIM];
@@ -378,6 +382,7 @@ int main(int argc, char **argv)
             sets[k].gate[j] = p;
             sets[k].up[j] = p + bg;
             sets[k].down[j] = p + 2 * bg;
+            sets[k].down_pk[j] = dev_pk[k * NUSED + j];
             sets[k].w[j] = 0.25f + 0.05f * j;
         }
     double own = 0;
@@ -433,7 +438,8 @@ int main(int argc, char **argv)
      * and a trapped context ends the run */
     const routed_ctx rc_ = {c, &io, sets, nsets, o.iters, hbm, own, token_bytes, bg, bd, want};
     for (int v = 0; v < mb_variant_count(); v++)
-        if (!mb_variant_fused(v) && (!o.quick || v == MB_V_SHIPPED || v == MB_V_BEFORE))
+        if (!mb_variant_fused(v) &&
+            (!o.quick || v == MB_V_SHIPPED || v == MB_V_BEFORE || v == MB_V_S9))
             routed_row(&rc_, v, NULL);
     say("\n(ggml-cuda MUL_MAT_ID, same token: 127 us, 606 GB/s.)\n\n");
     {
@@ -526,6 +532,7 @@ int main(int argc, char **argv)
         say("| int4 read kernel over the mapping (ceiling) | %.1f | 1.000 | |\n", zc);
         const int nzv = o.zc_all ? mb_variant_count() : 1;
         for (int v = 0; v < nzv; v++) { /* variant 0: compute/'s kernels for mapped weights */
+            if (mb_variant_packed(v)) continue; /* packed blocks live in device memory only */
             double us = 0;
             if (mb_variant_time(v, &io, zs, 2, 6, 0, &us, msg)) DIE("%s", msg);
             if (sl_gpu_download(c, got, io.out_f32, sizeof got, &err)) DIE("%s", err.msg);
@@ -550,7 +557,7 @@ int main(int argc, char **argv)
             sl_gpu_malloc(c, &out, DIM * 2, &err) || sl_gpu_malloc(c, &shd, per_expert, &err) ||
             sl_gpu_upload(c, shd, host + per_expert * (np - 1), per_expert, &err))
             DIE("%s", err.msg);
-        const sl_moe_expert_w sh = {shd, (uint8_t *)shd + bg, (uint8_t *)shd + 2 * bg};
+        const sl_moe_expert_w sh = {shd, (uint8_t *)shd + bg, dev_pk[np - 1]}; /* its copy */
         float logits[384];
         const int it_n = o.iters * 2;
         double *lat = malloc(sizeof(double) * it_n), *lr = malloc(sizeof(double) * it_n);
@@ -572,7 +579,7 @@ int main(int argc, char **argv)
         sl_gpu_t0e *t0h = calloc(384, sizeof *t0h);
         for (int e = 0; e < 384; e++) {
             const uint8_t *p = dev[e % (np - 1)];
-            t0h[e] = (sl_gpu_t0e){p, p + bg, p + 2 * bg};
+            t0h[e] = (sl_gpu_t0e){p, p + bg, dev_pk[e % (np - 1)]};
         }
         void *t0d = NULL;
         if (sl_gpu_malloc(c, &t0d, 384 * sizeof *t0h, &err) ||
@@ -622,8 +629,9 @@ int main(int argc, char **argv)
                         for (int k = 0; k < NUSED; k++) {
                             r.weight[k] *= 1.5f / sum;
                             /* a different pool expert each step (all hits, none in L2) */
-                            const uint8_t *p = dev[((it + 10) * NUSED + k) % (np - 1)];
-                            w[k] = (sl_moe_expert_w){p, p + bg, p + 2 * bg};
+                            const int pe = ((it + 10) * NUSED + k) % (np - 1);
+                            const uint8_t *p = dev[pe];
+                            w[k] = (sl_moe_expert_w){p, p + bg, dev_pk[pe]};
                         }
                         if (mode == 1) {
                             const uint32_t lo[3] = {0, 1, 2}, hi[3] = {5, 3, 4};
@@ -863,10 +871,14 @@ int main(int argc, char **argv)
         sl_gpu_free(c, out);
         sl_gpu_free(c, shd);
     }
-    for (int e = 0; e < np; e++) sl_gpu_free(c, dev[e]);
+    for (int e = 0; e < np; e++) {
+        sl_gpu_free(c, dev[e]);
+        sl_gpu_free(c, dev_pk[e]);
+    }
     sl_gpu_close(&c);
     free(host);
     free(dev);
+    free(dev_pk);
     free(sets);
     if (md) fclose(md);
     return 0;

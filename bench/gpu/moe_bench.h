@@ -12,6 +12,7 @@ extern "C" {
 /* One token's expert set: device-visible weights, routing weights (table order). */
 typedef struct mb_set {
     const void *gate[8], *up[8], *down[8];
+    const void *down_pk[8]; /* the downs in packed Q3_K blocks (SL_Q3K_PACKED bytes) */
     float w[8];
 } mb_set;
 
@@ -57,11 +58,13 @@ int mb_read_sets(const mb_set *sets, int nsets, int n, size_t gate_bytes, size_t
 /* cudaPointerGetAttributes(p) done n times (for timing); returns its memory type. */
 int mb_ptr_kind(const void *p, int n);
 
-/* Variants: compute/'s kernels for mapped host weights, for device weights, and what
- * compute/ ran for device weights before session 9. */
+/* Variants: compute/'s kernels for mapped host weights, for device weights (the down
+ * on packed Q3_K blocks, mb_set.down_pk), what compute/ ran for device weights until
+ * this session (raw blocks), and before session 9. */
 #define MB_V_MAPPED  0
 #define MB_V_SHIPPED 1
-#define MB_V_BEFORE  3
+#define MB_V_S9      3
+#define MB_V_BEFORE  38
 
 int mb_variant_count(void);
 const char *mb_variant_name(int v);
@@ -87,6 +90,9 @@ int mb_variant_stamped(int v, const mb_io *io, const mb_set *sets, int nsets, in
  * (quant_x_img, gate/up, quant_h, down) to pct (100: the most shared memory), so that
  * consecutive kernels need the same L1 split. */
 int mb_carveout(int pct, char *msg);
+
+/* Whether variant v reads its downs in packed Q3_K blocks (mb_set.down_pk). */
+int mb_variant_packed(int v);
 
 /* Whether variant v is a fused layer kernel (mb_fused_layer times it). */
 int mb_variant_fused(int v);

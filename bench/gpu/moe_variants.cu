@@ -171,7 +171,8 @@ enum {
     D_P4_8_2_2L, /* the stage refilled after the group's barrier (before session 8) */
     D_P4_8_1_1,
     D_M2_16_1_1,
-    D_FUSED /* none: the gate/up launch is the fused layer kernel */
+    D_P4_8_2_2_PK, /* D_P4_8_2_2 on packed Q3_K blocks (mb_set.down_pk) */
+    D_FUSED        /* none: the gate/up launch is the fused layer kernel */
 };
 
 struct variant {
@@ -182,8 +183,9 @@ struct variant {
 
 static const variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
-    {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x, PDL (compute, device weights)",
-     G_T4x2_8_4_STG, D_P4_8_2_2, true},
+    {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed 112-byte Q3_K blocks, "
+     "PDL (compute, device weights)",
+     G_T4x2_8_4_STG, D_P4_8_2_2_PK, true},
     {"gt 2x NW4 TR8 ST4, L2 prefetch of the downs + dp LPR4 TD8 ST2 2x, PDL", G_T4x2_8_4_PF,
      D_P4_8_2_2, true},
     {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, PDL (compute until session 9)", G_T4x2_8_4,
@@ -232,7 +234,11 @@ static const variant variants[] = {
     {"gt 3x NW8 TR16 ST3 + dt LPR8 TD8, PDL", G_T8x3_16_3, D_T8_8, true},
     {"gt 1x NW8 TR16 ST3 + dt LPR8 TD16, PDL", G_T8_16_3, D_T8_16, true},
     {"gt 1x NW8 TR16 ST4 + dt LPR2 TD8, PDL", G_T8_16_4, D_T2_8, true},
+    {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x, PDL (compute until session 10)",
+     G_T4x2_8_4_STG, D_P4_8_2_2, true},
 };
+
+static_assert(sizeof variants / sizeof *variants == MB_V_BEFORE + 1, "MB_V_BEFORE is the last");
 
 extern "C" int mb_variant_count(void)
 {
@@ -339,20 +345,20 @@ static cudaError_t dt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
 }
 
 /* The persistent down: as many CTAs as fit (ST 1: one CTA per tile). */
-template <int LPR, int TD, int ST, int NG, bool MMA = false, bool EI = TD *LPR == 32>
+template <int LPR, int TD, int ST, int NG, bool MMA = false, bool EI = TD *LPR == 32, int BB = 110>
 static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
     /* fs: the form that records milestones (io->dn_st; the mma form has none) */
-    constexpr auto fn =
-        MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn : &k_down_pt_q3_k<LPR, TD, ST, NG, EI>;
-    constexpr auto fs =
-        MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, true>;
-    const size_t smem = k_dpt_smem(tab.n, io->inter, TD, ST);
+    constexpr auto fn = MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn
+                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, false, BB>;
+    constexpr auto fs = MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn
+                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, true, BB>;
+    const size_t smem = k_dpt_smem(tab.n, io->inter, TD, ST, BB);
     const uint32_t threads = k_dpt_threads(tab.n, LPR, TD, NG);
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
-        const int most = (int)k_dpt_smem(SL_GPU_MAX_USED, io->inter, TD, ST); /* any table */
+        const int most = (int)k_dpt_smem(SL_GPU_MAX_USED, io->inter, TD, ST, BB); /* any table */
         cudaError_t rc =
             cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
         if (rc == cudaSuccess)
@@ -361,8 +367,9 @@ static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, threads, smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
-        printf("  [down pt%s%s LPR %d TD %d ST %d NG %d: %d CTAs/SM, %u threads, smem %zu]\n",
-               MMA ? " mma" : "", EI ? " early refill" : "", LPR, TD, ST, NG, occ, threads, smem);
+        printf("  [down pt%s%s%s LPR %d TD %d ST %d NG %d: %d CTAs/SM, %u threads, smem %zu]\n",
+               MMA ? " mma" : "", EI ? " early refill" : "", BB == 110 ? "" : " packed", LPR, TD,
+               ST, NG, occ, threads, smem);
     }
     const uint32_t tiles = io->dim / TD;
     uint32_t grid = ST == 1 ? tiles : (uint32_t)(occ * n_sm);
@@ -447,7 +454,8 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
     for (uint32_t k = 0; k < io->n; k++) {
         tab.e[k].gate = (const uint8_t *)set->gate[k];
         tab.e[k].up = (const uint8_t *)set->up[k];
-        tab.e[k].down = (const uint8_t *)set->down[k];
+        tab.e[k].down =
+            (const uint8_t *)(variants[v].dn == D_P4_8_2_2_PK ? set->down_pk[k] : set->down[k]);
         tab.e[k].w = set->w[k];
         tab.e[k].slot = (int)k;
     }
@@ -555,6 +563,8 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         return dp_launch<4, 8, 1, 1>(io, tab, s, n_sm, V.pdl);
     case D_M2_16_1_1:
         return dp_launch<4, 16, 1, 1, true>(io, tab, s, n_sm, V.pdl);
+    case D_P4_8_2_2_PK:
+        return dp_launch<4, 8, 2, 2, false, true, SL_Q3K_PACKED>(io, tab, s, n_sm, V.pdl);
     default:
         return dn2_launch<1>(io, tab, s);
     }
@@ -627,6 +637,11 @@ static cudaError_t fl_one(int v, const mb_layer *L, int it, int n_sm)
     default:
         return cudaErrorInvalidValue;
     }
+}
+
+extern "C" int mb_variant_packed(int v)
+{
+    return variants[v].dn == D_P4_8_2_2_PK;
 }
 
 extern "C" int mb_variant_fused(int v)

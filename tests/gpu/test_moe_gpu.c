@@ -113,6 +113,44 @@ Test(moe_gpu, q8_1_bit_exact)
 
 /* The embedding row on the device: kernel vs sl_emu_embed_q2_k, bit for bit, for
  * rows at the table's start, middle and end. */
+/* sl_gpu_upload_down's packing kernel against sl_emu_pack_q3_k, byte for byte (an odd
+ * block count, a growing stage, the pad bytes of a poisoned buffer), and its refusals. */
+Test(moe_gpu, pack_q3_k_bytes)
+{
+    NEED_GPU();
+    sl_moe_shape s = make_shape(512, 256, 2, 0);
+    sl_err err = {0};
+    sl_gpu_ctx *c = NULL;
+    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    const uint64_t counts[] = {1, 3, 46081}; /* the stage grows twice */
+    for (int k = 0; k < 3; k++) {
+        const uint64_t n = counts[k], raw = n * 110, pk = sl_gpu_packed_bytes(raw);
+        cr_assert_eq(pk, n * SL_Q3K_PACKED);
+        uint8_t *src = rand_blocks(SL_QTYPE_Q3_K, n * 256, 0.5f);
+        uint8_t *want = malloc(pk), *got = malloc(pk);
+        sl_emu_pack_q3_k(src, n, want);
+        void *d = NULL;
+        cr_assert_eq(sl_gpu_malloc(c, &d, pk, &err), 0, "%s", err.msg);
+        poison_dev(c, d, pk);
+        cr_assert_eq(sl_gpu_upload_down(c, d, src, raw, &err), 0, "%s", err.msg);
+        cr_assert_eq(sl_gpu_download(c, got, d, pk, &err), 0, "%s", err.msg);
+        for (uint64_t i = 0; i < pk; i++)
+            cr_assert_eq(got[i], want[i], "%llu blocks: byte %llu is 0x%02x, want 0x%02x",
+                         (unsigned long long)n, (unsigned long long)i, got[i], want[i]);
+        if (k == 0) {
+            cr_assert_eq(sl_gpu_upload_down(c, d, src, 109, &err), SL_EINVAL);
+            cr_assert(strstr(err.msg, "Q3_K blocks"), "%s", err.msg);
+            cr_assert_eq(sl_gpu_upload_down(c, (uint8_t *)d + 4, src, 110, &err), SL_EINVAL);
+            cr_assert_eq(sl_gpu_upload_down(c, NULL, src, 110, &err), SL_EINVAL);
+        }
+        sl_gpu_free(c, d);
+        free(src);
+        free(want);
+        free(got);
+    }
+    sl_gpu_close(&c);
+}
+
 Test(moe_gpu, embed_q2_k_bit_exact)
 {
     NEED_GPU();
@@ -362,7 +400,7 @@ static size_t bytes_of(uint32_t type, uint64_t n)
     return (size_t)sl_qtype_row_bytes(type, n);
 }
 
-/* Device-visible copies of an expert's weights: uploaded, or the host buffers
+/* Device-visible copies of an expert's weights: uploaded (a Q3_K down packed), or the host buffers
  * registered in place (mapped). */
 static sl_moe_expert_w place(sl_gpu_ctx *c, const sl_moe_expert_w *h, const sl_moe_shape *s,
                              int bf16, int in_host, void **keep)
@@ -380,6 +418,11 @@ static sl_moe_expert_w place(sl_gpu_ctx *c, const sl_moe_expert_w *h, const sl_m
                 sl_gpu_host_register((void *)src[i], (len[i] + 4095) / 4096 * 4096, &dst[i], &err),
                 0, "%s", err.msg);
             keep[i] = (void *)src[i];
+        } else if (i == 2 && !bf16) { /* a Q3_K down: packed in device memory (gpu.h) */
+            cr_assert_eq(sl_gpu_malloc(c, &dst[i], sl_gpu_packed_bytes(len[i]), &err), 0, "%s",
+                         err.msg);
+            cr_assert_eq(sl_gpu_upload_down(c, dst[i], src[i], len[i], &err), 0, "%s", err.msg);
+            keep[i] = dst[i];
         } else {
             dst[i] = to_dev(c, src[i], len[i]);
             keep[i] = dst[i];
