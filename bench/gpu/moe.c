@@ -9,10 +9,11 @@
  * then either a host top-6 and the routed experts, or routing on the device), with the
  * device-routed layer's GPU timeline from event marks.
  *
- * usage: bench-moe [-o FILE.md] [--pool N] [--iters N] [--zc-all] [--quick] [--carveout PCT]
- * --quick: the shipped kernels and one variant, the experts-a-launch fit and the
- * kernels' milestones only; --carveout: the shared-memory carveout the shipped
- * kernels prefer (all the same, so that no SM changes its L1 split between them).
+ * usage: bench-moe [-o FILE.md] [--pool N] [--iters N] [--zc-all] [--quick [--also V]...]
+ *        [--carveout PCT]
+ * --quick: the shipped kernels and the two before them (and each --also V), the
+ * experts-a-launch fit and the kernels' milestones only; --carveout: the shared-memory carveout the
+ * shipped kernels prefer (all the same, so that no SM changes its L1 split between them).
  */
 #include <fcntl.h>
 #include <math.h>
@@ -40,7 +41,18 @@ typedef struct opts {
     int zc_all; /* zero-copy: every variant (else the shipped ones for mapped memory) */
     int quick;  /* the shipped variant and its staggered start only, then the milestones */
     int carve;  /* the shipped kernels' shared-memory carveout preference, % (0: driver's) */
+    int n_also; /* --quick: these variants' rows too (--also V) */
+    int also[8];
 } opts;
+
+/* Whether --quick runs variant v's row. */
+static int quick_row(const opts *o, int v)
+{
+    if (v == MB_V_SHIPPED || v == MB_V_BEFORE || v == MB_V_S9) return 1;
+    for (int i = 0; i < o->n_also; i++)
+        if (o->also[i] == v) return 1;
+    return 0;
+}
 
 static uint64_t rng = 0x1234567887654321ULL;
 
@@ -274,7 +286,7 @@ static void routed_row(const routed_ctx *r, int v, char *phases)
 
 int main(int argc, char **argv)
 {
-    opts o = {NULL, 36, 200, 0, 0, 0};
+    opts o = {NULL, 36, 200, 0, 0, 0, 0, {0}};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc)
             o.out = argv[++i];
@@ -288,9 +300,14 @@ int main(int argc, char **argv)
             o.quick = 1;
         else if (!strcmp(argv[i], "--carveout") && i + 1 < argc)
             o.carve = atoi(argv[++i]);
-        else {
+        else if (!strcmp(argv[i], "--also") && i + 1 < argc && o.n_also < 8) {
+            o.also[o.n_also] = atoi(argv[++i]);
+            if (o.also[o.n_also] < 0 || o.also[o.n_also] >= mb_variant_count())
+                DIE("--also %d: variants are 0..%d", o.also[o.n_also], mb_variant_count() - 1);
+            o.n_also++;
+        } else {
             printf("usage: bench-moe [-o FILE.md] [--pool N (36)] [--iters N (200)] [--zc-all] "
-                   "[--quick] [--carveout PCT]\n");
+                   "[--quick [--also V]...] [--carveout PCT]\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -438,9 +455,7 @@ int main(int argc, char **argv)
      * and a trapped context ends the run */
     const routed_ctx rc_ = {c, &io, sets, nsets, o.iters, hbm, own, token_bytes, bg, bd, want};
     for (int v = 0; v < mb_variant_count(); v++)
-        if (!mb_variant_fused(v) &&
-            (!o.quick || v == MB_V_SHIPPED || v == MB_V_BEFORE || v == MB_V_S9))
-            routed_row(&rc_, v, NULL);
+        if (!mb_variant_fused(v) && (!o.quick || quick_row(&o, v))) routed_row(&rc_, v, NULL);
     say("\n(ggml-cuda MUL_MAT_ID, same token: 127 us, 606 GB/s.)\n\n");
     {
         /* each kernel's milestones on the GPU's clock: the last of 8 launches back to back */
