@@ -755,10 +755,12 @@ static int t0_table_note(sl_compute *c, uint32_t index, sl_gpu_t0e value, sl_err
     return 0;
 }
 
-/* Puts expert e of layer l (bytes at host_slot, a pinned arena slot laid out like a
- * T0 slot) into a free or evicted T0 slot with an asynchronous copy on the copy stream
- * (gpu.h); returns the slot, or NO_SLOT when every slot is in use this layer or the
- * admission (--t0-admit freq) leaves the expert in T1, to be read in place. */
+/* Puts expert e of layer l (bytes at host_slot, a pinned arena slot) into a free or
+ * evicted T0 slot: its gate and up regions copied as they are, its down copied raw into
+ * a stage and packed at down_off (t0_tier), both on the copy stream, the packing on the
+ * main stream before the next work that reads it (gpu.h); returns the slot, or NO_SLOT
+ * when every slot is in use this layer or the admission (--t0-admit freq) leaves the
+ * expert in T1, to be read in place. */
 static uint32_t t0_fill(sl_compute *c, uint32_t l, uint32_t e, const uint8_t *host_slot, int *rc,
                         sl_err *err)
 {
@@ -952,12 +954,18 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
     }
 #endif
     const sl_proto_welcome *w = sl_fetch_client_welcome(c->client);
-    if (w->slot_bytes != c->map->layout.slot_bytes) {
-        /* T0 copies whole slots laid out as this build lays them out. */
+    int same_parts = 1;
+    for (int p = 0; p < SL_EXPERT_N_PART; p++)
+        same_parts &= w->part_off[p] == c->map->layout.part_offset[p];
+    if (w->slot_bytes != c->map->layout.slot_bytes || !same_parts) {
+        /* T0 slots are laid out from this build's layout (t0_tier: the parts before the
+         * down copied as they are, the down packed at its region's start). */
         rc = sl_err_set(err, SL_EMISMATCH,
-                        "the fetcher's slots are %" PRIu64 " bytes, this build's %" PRIu64
-                        " (a fetcher of another version?)",
-                        (uint64_t)w->slot_bytes, c->map->layout.slot_bytes);
+                        "the fetcher's slots (%" PRIu64 " bytes, down region at %" PRIu64
+                        ") differ from this build's (%" PRIu64 " bytes, down at %" PRIu64
+                        "): a fetcher of another version?",
+                        (uint64_t)w->slot_bytes, (uint64_t)w->part_off[SL_EXPERT_DOWN],
+                        c->map->layout.slot_bytes, c->map->layout.part_offset[SL_EXPERT_DOWN]);
         goto fail;
     }
     if (w->n_layer != m->n_layer || w->n_expert != m->n_expert) {
@@ -1191,7 +1199,8 @@ static int place(sl_compute *c, uint32_t l, uint32_t rank, uint32_t e, uint32_t 
             if (t == NO_SLOT) {
                 uint32_t m0 = gmark(c, 1);
                 t = t0_fill(c, l, e, host_slot, &rc, err);
-                gspan(c, "copy T1->T0", (int32_t)l, (int32_t)e, c->t0.slot_bytes, m0, gmark(c, 1));
+                gspan(c, "copy T1->T0", (int32_t)l, (int32_t)e,
+                      c->t0.down_off + c->map->part_bytes[SL_EXPERT_DOWN], m0, gmark(c, 1));
             }
             if (rc) return rc;
             if (t != NO_SLOT) {

@@ -87,10 +87,13 @@ int sl_gpu_download(sl_gpu_ctx *ctx, void *host, const void *dev, size_t bytes, 
  * raw: put every device copy there with these (a raw device copy computes garbage).
  * sl_gpu_packed_bytes: the device bytes of raw_bytes of Q3_K blocks. upload_down:
  * packs raw_bytes (a multiple of 110) from host into dev (16-byte aligned), waiting;
- * upload_down_async: the same under sl_gpu_upload_async's rules (host pinned or
- * registered): the copy stream brings the raw blocks into a stage, and the main stream
- * packs them (sl_emu_pack_q3_k's bytes) before the next work queued that may read them,
- * so that the packing waits for no SM that a kernel holds. */
+ * upload_down_async: the same, at most one down of the context's shape, under
+ * sl_gpu_upload_async's rules (host pinned or registered): the copy stream brings the
+ * raw blocks into one of a few stages allocated at open, and the main stream packs them
+ * (sl_emu_pack_q3_k's bytes) when sl_gpu_moe_part, sl_gpu_moe_finish,
+ * sl_gpu_route_start, sl_gpu_upload_down or sl_gpu_sync next waits for the copies, so
+ * that the packing waits for no SM a kernel holds; a stage is reused once its packing
+ * has run. */
 uint64_t sl_gpu_packed_bytes(uint64_t raw_bytes);
 int sl_gpu_upload_down(sl_gpu_ctx *ctx, void *dev, const void *host, uint64_t raw_bytes,
                        sl_err *err);

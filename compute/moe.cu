@@ -38,6 +38,7 @@
 #define DP_TD   8    /* output rows per tile (stage), bulk-copy down */
 #define DP_ST   2    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
 #define DP_NG   2    /* warp groups per CTA, persistent bulk-copy down */
+#define DP_UNR  2    /* packed down: two blocks' chains interleaved, 2 CTAs an SM kept */
 #define PK_RING 4    /* stages of Q3_K downs between the copy and their packing */
 #define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #ifndef USE_PDL
@@ -74,18 +75,19 @@ struct sl_gpu_ctx {
      * (at its next join_copies, so that the packing never waits on the copy stream for
      * SMs that the kernels hold), and the stage is reused once its packing is done. */
     struct {
-        uint8_t *buf;
-        uint64_t cap;
+        uint8_t *buf;     /* pk_cap bytes */
         cudaEvent_t done; /* the packing that read it (main stream) */
         int recorded;     /* done has been recorded */
     } pk[PK_RING];
+    uint64_t pk_cap; /* bytes of a stage: one raw down of the shape */
     struct {
         uint32_t ring;
         uint8_t *dst;
         uint64_t n;     /* blocks */
-    } pk_wait[PK_RING]; /* copied, not packed yet */
-    uint32_t n_pk_wait, pk_next;
-    int fence_new; /* ev_fence recorded since the copy stream last waited */
+    } pk_wait[PK_RING]; /* copied, not packed yet: the last n_pk_wait stages taken */
+    uint32_t n_pk_wait;
+    uint32_t pk_next; /* the stage the next upload takes, mod PK_RING */
+    int fence_new;    /* ev_fence recorded since the copy stream last waited */
     cudaEvent_t ev_in, ev_sh;
     cudaEvent_t ev_logits;  /* the router's logits are in logits_host */
     int router_pending;     /* sl_gpu_router_start without its wait yet */
@@ -162,15 +164,21 @@ static cudaError_t join_copies(sl_gpu_ctx *c)
     c->copies_pending = 0;
     cudaError_t rc = cudaEventRecord(c->ev_copy, c->copy);
     if (rc == cudaSuccess) rc = cudaStreamWaitEvent(c->main, c->ev_copy, 0);
-    for (uint32_t i = 0; i < c->n_pk_wait && rc == cudaSuccess; i++) {
+    uint32_t i = 0;
+    for (; i < c->n_pk_wait && rc == cudaSuccess; i++) {
         const uint32_t r = c->pk_wait[i].ring;
         const uint64_t words = c->pk_wait[i].n * (SL_Q3K_PACKED / 4);
         rc = k_launch(k_pack_q3_k, (uint32_t)((words + 255) / 256), 256, 0, c->main, false,
                       (const uint8_t *)c->pk[r].buf, c->pk_wait[i].n, c->pk_wait[i].dst);
         if (rc == cudaSuccess) rc = cudaEventRecord(c->pk[r].done, c->main);
+        if (rc != cudaSuccess) break;
         c->pk[r].recorded = 1;
     }
-    c->n_pk_wait = 0;
+    /* on a failure the packings not queued stay for the next join (queueing one twice
+     * writes the same bytes) */
+    memmove(c->pk_wait, c->pk_wait + i, sizeof *c->pk_wait * (c->n_pk_wait - i));
+    c->n_pk_wait -= i;
+    if (rc != cudaSuccess) c->copies_pending = 1;
     return rc;
 }
 
@@ -210,13 +218,13 @@ static decltype(&k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gtd_kernel(b
 /* The bulk-copy down on packed blocks (device memory), recording milestones or not; raw:
  * on raw GGUF blocks (a down in host memory after sl_gpu_moe_down_early), no milestones. */
 static decltype(&k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, DP_TD * DP_LPR == 32, false,
-                                SL_Q3K_PACKED>)
+                                SL_Q3K_PACKED, DP_UNR>)
 dp_kernel(bool stamp, bool raw = false)
 {
     constexpr bool EI = DP_TD * DP_LPR == 32;
     if (raw) return k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, false, 110>;
-    return stamp ? k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, true, SL_Q3K_PACKED>
-                 : k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, false, SL_Q3K_PACKED>;
+    return stamp ? k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, true, SL_Q3K_PACKED, DP_UNR>
+                 : k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, false, SL_Q3K_PACKED, DP_UNR>;
 }
 
 /* The bulk-copy down's grid for n experts: persistent (ST > 1), as many CTAs as fit;
@@ -304,7 +312,7 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
     const uint32_t dim = c->shape.dim, inter = c->shape.inter;
     if (tma) {
         const bool raw = tab.pk == 0;
-        if (tab.pk != (1u << tab.n) - 1 && (!raw || !part)) return cudaErrorInvalidValue;
+        SL_ASSERT(tab.pk == (1u << tab.n) - 1 || (raw && part)); /* one layout a launch */
         /* milestones of the main stream's downs only (not the side stream's shared one) */
         unsigned long long *stamps = st == c->main && !raw ? c->dn_stamps : NULL;
         return k_launch(dp_kernel(stamps != NULL, raw), dp_grid(c, tab.n),
@@ -408,12 +416,12 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
                 if (rc) return rc;
                 if (!stamp || o < c->dt_occ[n]) c->dt_occ[n] = o;
             }
-        int o = 0; /* the raw form: smaller stages, as many CTAs fit at least */
+        int o = 0; /* the raw form (dp_grid's CTAs must fit it too) */
         rc = prep_kernel(
             dp_kernel(false, true), (int)k_dpt_threads(SL_GPU_MAX_USED, DP_LPR, DP_TD, DP_NG),
             k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST), &o, "k_down_pt_q3_k (raw)", err);
         if (rc) return rc;
-        c->dt_ok = c->dt_occ[SL_GPU_MAX_USED] >= 1;
+        c->dt_ok = c->dt_occ[SL_GPU_MAX_USED] >= 1 && o >= c->dt_occ[SL_GPU_MAX_USED];
     }
     rc = prep_kernel(k_gateup_bf16<BF_NW>, BF_NW * 32, sizeof(float) * dim, &occ, "k_gateup_bf16",
                      err);
@@ -472,9 +480,12 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
     CK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking), "cudaStreamCreate(copy)");
     CK(cudaEventCreateWithFlags(&c->ev_copy, cudaEventDisableTiming), "cudaEventCreate(copy)");
     CK(cudaEventCreateWithFlags(&c->ev_fence, cudaEventDisableTiming), "cudaEventCreate(fence)");
-    for (int i = 0; i < PK_RING; i++)
+    c->pk_cap = (uint64_t)s->dim * (s->inter / 256) * 110;
+    for (int i = 0; i < PK_RING; i++) {
         CK(cudaEventCreateWithFlags(&c->pk[i].done, cudaEventDisableTiming),
            "cudaEventCreate(pack)");
+        CK(cudaMalloc((void **)&c->pk[i].buf, c->pk_cap), "cudaMalloc(pack stage)");
+    }
     CK(cudaEventCreateWithFlags(&c->ev_in, cudaEventDisableTiming), "cudaEventCreate(in)");
     CK(cudaEventCreateWithFlags(&c->ev_sh, cudaEventDisableTiming), "cudaEventCreate(shared)");
     CK(cudaEventCreateWithFlags(&c->ev_logits, cudaEventDisableTiming), "cudaEventCreate(logits)");
@@ -902,9 +913,10 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
     tab.e[0].down = (const uint8_t *)sh->down;
     tab.e[0].w = 1.0f;
     tab.e[0].slot = 0;
-    tab.pk = !c->sh_bf16 && !in_host(sh->down);
+    const bool down_dev = !in_host(sh->down);
+    tab.pk = !c->sh_bf16 && down_dev;
     if (!c->sh_bf16 && s->n_used < SL_GPU_MAX_USED && c->gt_ok && c->dt_ok && !in_host(sh->gate) &&
-        !in_host(sh->up) && !in_host(sh->down)) {
+        !in_host(sh->up) && down_dev) {
         c->sh = tab.e[0];
         c->sh.slot = (int)s->n_used;
         c->sh_x = x;
@@ -923,7 +935,7 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
         CK_LAUNCH("k_down_bf16");
     } else {
         const bool gt = c->gt_ok && !in_host(sh->gate) && !in_host(sh->up);
-        const bool dt = c->dt_ok && !in_host(sh->down);
+        const bool dt = c->dt_ok && down_dev;
         CK(launch_gateup(c, tab, x, c->ss, c->side, gt, false), "gate/up (shared)");
         CK(launch_quant_h(c, c->ss, 1, ~0u, c->side, false), "k_quant_h (shared)");
         CK(launch_down(c, tab, c->ss, NULL, c->y_sh, NULL, c->side, dt, USE_PDL && dt),
@@ -1126,28 +1138,25 @@ extern "C" uint64_t sl_gpu_packed_bytes(uint64_t raw_bytes)
     return raw_bytes / 110 * SL_Q3K_PACKED;
 }
 
-extern "C" int sl_gpu_upload_down_async(sl_gpu_ctx *c, void *dev, const void *host,
-                                        uint64_t raw_bytes, sl_err *err)
+/* The checks of both uploads of a Q3_K down. */
+static int check_down(const void *dev, const void *host, uint64_t raw_bytes, const char *fn,
+                      sl_err *err)
 {
-    if (!c || !dev || !host) return sl_err_set(err, SL_EINVAL, "sl_gpu_upload_down: NULL argument");
-    if (!raw_bytes || raw_bytes % 110 || ((uintptr_t)dev & 15))
-        return sl_err_set(err, SL_EINVAL,
-                          "sl_gpu_upload_down: %llu bytes are not whole Q3_K blocks, or %p is "
-                          "not 16-byte aligned",
-                          (unsigned long long)raw_bytes, dev);
+    if (!dev || !host) return sl_err_set(err, SL_EINVAL, "%s: NULL argument", fn);
+    if (!raw_bytes || raw_bytes % 110)
+        return sl_err_set(err, SL_EINVAL, "%s: %llu bytes are not whole Q3_K blocks (110 each)", fn,
+                          (unsigned long long)raw_bytes);
+    if ((uintptr_t)dev & 15)
+        return sl_err_set(err, SL_EINVAL, "%s: device address %p is not 16-byte aligned", fn, dev);
+    return 0;
+}
+
+/* The async upload without its checks: raw_bytes <= c->pk_cap. */
+static int upload_down(sl_gpu_ctx *c, void *dev, const void *host, uint64_t raw_bytes, sl_err *err)
+{
     if (c->n_pk_wait == PK_RING) CK(join_copies(c), "pack the downs copied so far");
-    const uint32_t r = c->pk_next++ % PK_RING;
-    if (raw_bytes > c->pk[r].cap) { /* grown rarely: wait until nothing reads the old one */
-        CK(join_copies(c), "pack the downs copied so far");
-        CK(cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
-        CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(main)");
-        cudaFree(c->pk[r].buf);
-        c->pk[r].buf = NULL;
-        c->pk[r].cap = 0;
-        CK(cudaMalloc(&c->pk[r].buf, raw_bytes), "cudaMalloc(pack stage)");
-        c->pk[r].cap = raw_bytes;
-    }
-    if (c->pk[r].recorded) /* its last packing has read it */
+    const uint32_t r = c->pk_next % PK_RING; /* not waiting: the waiting ones are the last */
+    if (c->pk[r].recorded)                   /* its last packing has read it */
         CK(cudaStreamWaitEvent(c->copy, c->pk[r].done, 0), "cudaStreamWaitEvent(copy, pack)");
     const int rc = sl_gpu_upload_async(c, c->pk[r].buf, host, raw_bytes, err);
     if (rc) return rc;
@@ -1155,13 +1164,34 @@ extern "C" int sl_gpu_upload_down_async(sl_gpu_ctx *c, void *dev, const void *ho
     c->pk_wait[c->n_pk_wait].dst = (uint8_t *)dev;
     c->pk_wait[c->n_pk_wait].n = raw_bytes / 110;
     c->n_pk_wait++;
+    c->pk_next++;
     return 0;
+}
+
+extern "C" int sl_gpu_upload_down_async(sl_gpu_ctx *c, void *dev, const void *host,
+                                        uint64_t raw_bytes, sl_err *err)
+{
+    if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_upload_down_async: NULL context");
+    int rc = check_down(dev, host, raw_bytes, "sl_gpu_upload_down_async", err);
+    if (rc) return rc;
+    if (raw_bytes > c->pk_cap)
+        return sl_err_set(err, SL_EINVAL,
+                          "sl_gpu_upload_down_async: %llu bytes, more than a down of the "
+                          "context's shape (%llu; sl_gpu_upload_down takes any size)",
+                          (unsigned long long)raw_bytes, (unsigned long long)c->pk_cap);
+    return upload_down(c, dev, host, raw_bytes, err);
 }
 
 extern "C" int sl_gpu_upload_down(sl_gpu_ctx *c, void *dev, const void *host, uint64_t raw_bytes,
                                   sl_err *err)
 {
-    int rc = sl_gpu_upload_down_async(c, dev, host, raw_bytes, err);
+    if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_upload_down: NULL context");
+    int rc = check_down(dev, host, raw_bytes, "sl_gpu_upload_down", err);
+    if (rc) return rc;
+    const uint64_t n = raw_bytes / 110, per = c->pk_cap / 110; /* blocks: all, a stage's */
+    for (uint64_t b = 0; b < n && !rc; b += per)               /* a stage's worth at a time */
+        rc = upload_down(c, (uint8_t *)dev + b * SL_Q3K_PACKED, (const uint8_t *)host + b * 110,
+                         (n - b < per ? n - b : per) * 110, err);
     if (rc) return rc;
     CK(join_copies(c), "pack the down");
     CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(upload_down)");

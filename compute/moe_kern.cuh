@@ -1440,12 +1440,69 @@ __device__ __forceinline__ void k_mma2_q3_k(const uint8_t *tile, uint32_t rb,
     }
 }
 
+/* Block b of k_dot2_q3_k's lane (its masks and selectors as named there), into acc. */
+template <int BB>
+__device__ __forceinline__ void
+k_dot2_block(const uint8_t *row, const int8_t *__restrict__ aq, const float *__restrict__ ad,
+             uint32_t b, int j, int q, int g, uint32_t mq0, uint32_t mq1, uint32_t mh0,
+             uint32_t mh1, uint32_t sel_lo, uint32_t sel_hi, int ns, float (&acc)[2])
+{
+    const uint8_t *blk = row + BB * b;
+    uint32_t hm[8], qw[8], sw[3];
+    float d;
+    if (BB == 110) {
+        k_ld8(blk, hm);
+        k_ld8(blk + 32 + 32 * j, qw);
+        k_ld3(blk + 96, sw);
+        d = k_half(blk + 108);
+    } else { /* 16-byte aligned: seven vector loads' worth, no realignment */
+        const uint4 *v = (const uint4 *)blk;
+        k_ld16x2(v, hm);
+        k_ld16x2(v + 2 + 2 * j, qw);
+        const uint4 t = v[6];
+        sw[0] = t.x;
+        sw[1] = t.y;
+        sw[2] = t.z;
+        d = __half2float(__ushort_as_half((unsigned short)(t.w & 0xFFFFu)));
+    }
+    const uint32_t hb = __byte_perm(sw[2], 0u, sel_hi);
+    const uint32_t sc = ((__byte_perm(sw[0], sw[1], sel_lo) >> ns) & 0x0F0F0F0Fu) |
+                        (((hb >> ns) & 0x00000303u) | ((hb >> (ns + 2)) & 0x03030000u)) << 4;
+    const int4 *aw = (const int4 *)(aq + 256 * b + 32 * g);
+    const int4 x0 = __ldg(aw), x1 = __ldg(aw + 1), y0 = __ldg(aw + 4), y1 = __ldg(aw + 5);
+    const int av[2][8] = {{x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w},
+                          {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w}};
+    int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0}; /* [2 * group + half] */
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        const int h = w >> 2;
+        lo[h] = k_dp4a_us(qw[w] & mq0, av[0][w], lo[h]);
+        hi[h] = k_dp4a_us(~hm[w] & mh0, av[0][w], hi[h]);
+        lo[2 + h] = k_dp4a_us(qw[w] & mq1, av[1][w], lo[2 + h]);
+        hi[2 + h] = k_dp4a_us(~hm[w] & mh1, av[1][w], hi[2 + h]);
+    }
+    int c[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int i = k >> 1;
+        c[k] = (lo[k] >> (2 * q + 4 * i)) - 4 * (hi[k] >> (g + 2 * i));
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int s0 = (int)((sc >> (16 * i)) & 63u) - 32;
+        const int s1 = (int)((sc >> (16 * i + 8)) & 63u) - 32;
+        acc[i] = sl_emu_q3_k_step(acc[i], d, s0 * c[2 * i] + s1 * c[2 * i + 1],
+                                  __ldg(ad + 8 * b + g + 2 * i));
+    }
+}
+
 /* The two accumulators (groups g = 4j + q and g + 2 of every block, in increasing b)
  * of lane sub = 2j + q of one Q3_K row (4 lanes a row; row 2-byte aligned in shared
  * memory; the activation read through L1). The two groups share their qs, hmask and
  * scale words (shifts 2q and 2q + 4), which halves the shared-memory loads and
- * realignments of k_dot_q3_k per weight. */
-template <int BB = 110>
+ * realignments of k_dot_q3_k per weight. UNR 2: two blocks' chains interleave (a lone
+ * tile's latency; acc still takes them in increasing b). */
+template <int BB = 110, int UNR = 1>
 __device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__restrict__ aq,
                                             const float *__restrict__ ad, uint32_t nb, int sub,
                                             float (&acc)[2])
@@ -1464,54 +1521,13 @@ __device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__
     const int ns = 4 * j;
     acc[0] = 0.0f;
     acc[1] = 0.0f;
-    for (uint32_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + BB * b;
-        uint32_t hm[8], qw[8], sw[3];
-        float d;
-        if (BB == 110) {
-            k_ld8(blk, hm);
-            k_ld8(blk + 32 + 32 * j, qw);
-            k_ld3(blk + 96, sw);
-            d = k_half(blk + 108);
-        } else { /* 16-byte aligned: seven vector loads' worth, no realignment */
-            const uint4 *v = (const uint4 *)blk;
-            k_ld16x2(v, hm);
-            k_ld16x2(v + 2 + 2 * j, qw);
-            const uint4 t = v[6];
-            sw[0] = t.x;
-            sw[1] = t.y;
-            sw[2] = t.z;
-            d = __half2float(__ushort_as_half((unsigned short)(t.w & 0xFFFFu)));
-        }
-        const uint32_t hb = __byte_perm(sw[2], 0u, sel_hi);
-        const uint32_t sc = ((__byte_perm(sw[0], sw[1], sel_lo) >> ns) & 0x0F0F0F0Fu) |
-                            (((hb >> ns) & 0x00000303u) | ((hb >> (ns + 2)) & 0x03030000u)) << 4;
-        const int4 *aw = (const int4 *)(aq + 256 * b + 32 * g);
-        const int4 x0 = __ldg(aw), x1 = __ldg(aw + 1), y0 = __ldg(aw + 4), y1 = __ldg(aw + 5);
-        const int av[2][8] = {{x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w},
-                              {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w}};
-        int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0}; /* [2 * group + half] */
-#pragma unroll
-        for (int w = 0; w < 8; w++) {
-            const int h = w >> 2;
-            lo[h] = k_dp4a_us(qw[w] & mq0, av[0][w], lo[h]);
-            hi[h] = k_dp4a_us(~hm[w] & mh0, av[0][w], hi[h]);
-            lo[2 + h] = k_dp4a_us(qw[w] & mq1, av[1][w], lo[2 + h]);
-            hi[2 + h] = k_dp4a_us(~hm[w] & mh1, av[1][w], hi[2 + h]);
-        }
-        int c[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int i = k >> 1;
-            c[k] = (lo[k] >> (2 * q + 4 * i)) - 4 * (hi[k] >> (g + 2 * i));
-        }
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int s0 = (int)((sc >> (16 * i)) & 63u) - 32;
-            const int s1 = (int)((sc >> (16 * i + 8)) & 63u) - 32;
-            acc[i] = sl_emu_q3_k_step(acc[i], d, s0 * c[2 * i] + s1 * c[2 * i + 1],
-                                      __ldg(ad + 8 * b + g + 2 * i));
-        }
+    if (UNR == 2) {
+#pragma unroll 2
+        for (uint32_t b = 0; b < nb; b++)
+            k_dot2_block<BB>(row, aq, ad, b, j, q, g, mq0, mq1, mh0, mh1, sel_lo, sel_hi, ns, acc);
+    } else {
+        for (uint32_t b = 0; b < nb; b++)
+            k_dot2_block<BB>(row, aq, ad, b, j, q, g, mq0, mq1, mh0, mh1, sel_lo, sel_hi, ns, acc);
     }
 }
 
@@ -1531,7 +1547,7 @@ __device__ __forceinline__ float k_comb22(float (&a)[2])
  * k_dot2_q3_k), a group of n*TD*LPR threads (warp-aligned: TD*LPR % 32 == 0), the
  * bf16-rounded outputs meet in shared memory and TD threads of the group add them in
  * table order (increasing expert id), then `extra`. blockDim = NG*n*TD*LPR. */
-template <int LPR, int TD, int ST, int NG, bool MMA, bool EI, bool STAMP, int BB = 110>
+template <int LPR, int TD, int ST, int NG, bool MMA, bool EI, bool STAMP, int BB = 110, int UNR = 1>
 __device__ __forceinline__ void
 k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *__restrict__ hd,
                uint32_t dim, uint32_t inter, const float *__restrict__ extra,
@@ -1613,7 +1629,7 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
                 a = k_butterfly(k_dot_q3_k(row, aq, adp, nb, sub), 4);
             } else {
                 float acc[2];
-                k_dot2_q3_k<BB>(row, aq, adp, nb, sub, acc);
+                k_dot2_q3_k<BB, UNR>(row, aq, adp, nb, sub, acc);
                 a = k_comb22(acc);
             }
             if (EI) { /* the expert's slot is its warp's alone: refill it before the
@@ -1655,16 +1671,16 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
  * stage as soon as it is done with it; else thread 0 refills the stage after the group's
  * barrier (bench/results/2026-12-01-s8-stalls.md). */
 template <int LPR, int TD, int ST, int NG, bool EI = TD *LPR == 32, bool STAMP = false,
-          int BB = 110>
-__global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR)
+          int BB = 110, int UNR = 1>
+__global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR, 2)
     k_down_pt_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
                    const float *__restrict__ hd, uint32_t dim, uint32_t inter,
                    const float *__restrict__ extra, float *__restrict__ out_f32,
                    uint16_t *__restrict__ out_bf16, float *__restrict__ part,
                    unsigned long long *stamps)
 {
-    k_down_pt_body<LPR, TD, ST, NG, false, EI, STAMP, BB>(tab, hq, hd, dim, inter, extra, out_f32,
-                                                          out_bf16, part, stamps);
+    k_down_pt_body<LPR, TD, ST, NG, false, EI, STAMP, BB, UNR>(tab, hq, hd, dim, inter, extra,
+                                                               out_f32, out_bf16, part, stamps);
 }
 
 /* The mma form (LPR 4, TD 16): 64 registers, so that 2 CTAs fit an SM. */
@@ -1986,6 +2002,8 @@ inline bool k_moe_fused_fits(uint32_t dim, uint32_t inter, int tr, int td, bool 
     return (size_t)td * (inter / 256 * 110) + (aff ? 0 : inter + inter / 8) <= k_gut_stage(dim, tr);
 }
 
+/* A bench variant (bench/gpu/moe): its downs are raw GGUF blocks (110 bytes), not the
+ * packed ones compute/ keeps in device memory (gpu.h). */
 template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool HELP>
 __global__ void __launch_bounds__(NG *(NW + HELP) * 32, 1)
     k_moe_fused_q2q3(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,

@@ -9,10 +9,11 @@
  * then either a host top-6 and the routed experts, or routing on the device), with the
  * device-routed layer's GPU timeline from event marks.
  *
- * usage: bench-moe [-o FILE.md] [--pool N] [--iters N] [--zc-all] [--quick [--also V]...]
- *        [--carveout PCT]
- * --quick: the shipped kernels and the two before them (and each --also V), the
- * experts-a-launch fit and the kernels' milestones only; --carveout: the shared-memory carveout the
+ * usage: bench-moe [-o FILE.md] [--pool N] [--iters N] [--zc-all] [--quick [--also V]...
+ *        [--passes N]] [--carveout PCT]
+ * --quick: the shipped kernels and the two before them (and each --also V; all of them
+ * --passes N times, so that each is also timed after the others), the experts-a-launch
+ * fit and the kernels' milestones only; --carveout: the shared-memory carveout the
  * shipped kernels prefer (all the same, so that no SM changes its L1 split between them).
  */
 #include <fcntl.h>
@@ -41,6 +42,7 @@ typedef struct opts {
     int zc_all; /* zero-copy: every variant (else the shipped ones for mapped memory) */
     int quick;  /* the shipped variant and its staggered start only, then the milestones */
     int carve;  /* the shipped kernels' shared-memory carveout preference, % (0: driver's) */
+    int passes; /* --quick: its rows this many times over (--passes N) */
     int n_also; /* --quick: these variants' rows too (--also V) */
     int also[8];
 } opts;
@@ -286,7 +288,7 @@ static void routed_row(const routed_ctx *r, int v, char *phases)
 
 int main(int argc, char **argv)
 {
-    opts o = {NULL, 36, 200, 0, 0, 0, 0, {0}};
+    opts o = {NULL, 36, 200, 0, 0, 0, 1, 0, {0}};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc)
             o.out = argv[++i];
@@ -300,6 +302,8 @@ int main(int argc, char **argv)
             o.quick = 1;
         else if (!strcmp(argv[i], "--carveout") && i + 1 < argc)
             o.carve = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--passes") && i + 1 < argc)
+            o.passes = atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]);
         else if (!strcmp(argv[i], "--also") && i + 1 < argc && o.n_also < 8) {
             o.also[o.n_also] = atoi(argv[++i]);
             if (o.also[o.n_also] < 0 || o.also[o.n_also] >= mb_variant_count())
@@ -307,7 +311,7 @@ int main(int argc, char **argv)
             o.n_also++;
         } else {
             printf("usage: bench-moe [-o FILE.md] [--pool N (36)] [--iters N (200)] [--zc-all] "
-                   "[--quick [--also V]...] [--carveout PCT]\n");
+                   "[--quick [--also V]... [--passes N]] [--carveout PCT]\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -454,8 +458,9 @@ int main(int argc, char **argv)
     /* the fused kernels come last (their own section at the end): a broken one traps,
      * and a trapped context ends the run */
     const routed_ctx rc_ = {c, &io, sets, nsets, o.iters, hbm, own, token_bytes, bg, bd, want};
-    for (int v = 0; v < mb_variant_count(); v++)
-        if (!mb_variant_fused(v) && (!o.quick || quick_row(&o, v))) routed_row(&rc_, v, NULL);
+    for (int pass = 0; pass < (o.quick ? o.passes : 1); pass++) /* --passes: other positions */
+        for (int v = 0; v < mb_variant_count(); v++)
+            if (!mb_variant_fused(v) && (!o.quick || quick_row(&o, v))) routed_row(&rc_, v, NULL);
     say("\n(ggml-cuda MUL_MAT_ID, same token: 127 us, 606 GB/s.)\n\n");
     {
         /* each kernel's milestones on the GPU's clock: the last of 8 launches back to back */
@@ -815,6 +820,16 @@ int main(int argc, char **argv)
             if (sl_gpu_malloc(c, &frd, sizeof *fr * (size_t)it_n, &err) ||
                 sl_gpu_upload(c, frd, fr, sizeof *fr * (size_t)it_n, &err))
                 DIE("%s", err.msg);
+            /* the fused kernel reads raw Q3_K blocks: its own device-tier table and shared
+             * down point at the pool's raw copies */
+            for (int e = 0; e < 384; e++) {
+                const uint8_t *p = dev[e % (np - 1)];
+                t0h[e] = (sl_gpu_t0e){p, p + bg, p + 2 * bg};
+            }
+            void *t0raw = NULL;
+            if (sl_gpu_malloc(c, &t0raw, 384 * sizeof *t0h, &err) ||
+                sl_gpu_upload(c, t0raw, t0h, 384 * sizeof *t0h, &err))
+                DIE("%s", err.msg);
             const mb_layer L = {.n_expert = 384,
                                 .n_used = NUSED,
                                 .gate_temp = s.gate_temp,
@@ -822,12 +837,12 @@ int main(int argc, char **argv)
                                 .limit = s.swiglu_limit,
                                 .norm_topk = s.norm_topk,
                                 .router = rwd,
-                                .t0 = t0d,
+                                .t0 = t0raw,
                                 .forced = frd,
                                 .n_forced = it_n,
                                 .sh_gate = sh.gate,
                                 .sh_up = sh.up,
-                                .sh_down = sh.down,
+                                .sh_down = (const uint8_t *)shd + 2 * bg,
                                 .io = io};
             sl_moe_expert_w hw0[NUSED];
             for (int k = 0; k < NUSED; k++) {
@@ -864,6 +879,7 @@ int main(int argc, char **argv)
             }
             say("\n");
             sl_gpu_free(c, frd);
+            sl_gpu_free(c, t0raw);
             free(fr);
         }
         free(t0h);

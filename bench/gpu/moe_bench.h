@@ -58,13 +58,13 @@ int mb_read_sets(const mb_set *sets, int nsets, int n, size_t gate_bytes, size_t
 /* cudaPointerGetAttributes(p) done n times (for timing); returns its memory type. */
 int mb_ptr_kind(const void *p, int n);
 
-/* Variants: compute/'s kernels for mapped host weights, for device weights (the down
- * on packed Q3_K blocks, mb_set.down_pk), what compute/ ran for device weights until
- * this session (raw blocks), and before session 9. */
+/* Variants: compute/'s kernels for mapped host weights and for device weights (the
+ * down on packed Q3_K blocks, mb_set.down_pk); what compute/ ran for device weights
+ * until session 9, and until session 10 (raw blocks; the last variant). */
 #define MB_V_MAPPED  0
 #define MB_V_SHIPPED 1
-#define MB_V_S9      3
-#define MB_V_BEFORE  38
+#define MB_V_S9      4
+#define MB_V_BEFORE  39
 
 int mb_variant_count(void);
 const char *mb_variant_name(int v);

@@ -171,8 +171,9 @@ enum {
     D_P4_8_2_2L, /* the stage refilled after the group's barrier (before session 8) */
     D_P4_8_1_1,
     D_M2_16_1_1,
-    D_P4_8_2_2_PK, /* D_P4_8_2_2 on packed Q3_K blocks (mb_set.down_pk) */
-    D_FUSED        /* none: the gate/up launch is the fused layer kernel */
+    D_P4_8_2_2_PK,  /* D_P4_8_2_2 on packed Q3_K blocks (mb_set.down_pk) */
+    D_P4_8_2_2_PK2, /* ... two blocks' chains interleaved (compute/'s DP_UNR 2) */
+    D_FUSED         /* none: the gate/up launch is the fused layer kernel */
 };
 
 struct variant {
@@ -183,8 +184,11 @@ struct variant {
 
 static const variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
-    {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed 112-byte Q3_K blocks, "
-     "PDL (compute, device weights)",
+    {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed 112-byte Q3_K blocks, 2 "
+     "blocks interleaved, PDL (compute, device weights)",
+     G_T4x2_8_4_STG, D_P4_8_2_2_PK2, true},
+    {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed blocks, a block at a "
+     "time, PDL",
      G_T4x2_8_4_STG, D_P4_8_2_2_PK, true},
     {"gt 2x NW4 TR8 ST4, L2 prefetch of the downs + dp LPR4 TD8 ST2 2x, PDL", G_T4x2_8_4_PF,
      D_P4_8_2_2, true},
@@ -345,15 +349,16 @@ static cudaError_t dt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
 }
 
 /* The persistent down: as many CTAs as fit (ST 1: one CTA per tile). */
-template <int LPR, int TD, int ST, int NG, bool MMA = false, bool EI = TD *LPR == 32, int BB = 110>
+template <int LPR, int TD, int ST, int NG, bool MMA = false, bool EI = TD *LPR == 32, int BB = 110,
+          int UNR = 1>
 static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
     /* fs: the form that records milestones (io->dn_st; the mma form has none) */
     constexpr auto fn = MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn
-                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, false, BB>;
+                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, false, BB, UNR>;
     constexpr auto fs = MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn
-                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, true, BB>;
+                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, true, BB, UNR>;
     const size_t smem = k_dpt_smem(tab.n, io->inter, TD, ST, BB);
     const uint32_t threads = k_dpt_threads(tab.n, LPR, TD, NG);
     static int occ = 0; /* bench only: set once per instantiation */
@@ -454,8 +459,7 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
     for (uint32_t k = 0; k < io->n; k++) {
         tab.e[k].gate = (const uint8_t *)set->gate[k];
         tab.e[k].up = (const uint8_t *)set->up[k];
-        tab.e[k].down =
-            (const uint8_t *)(variants[v].dn == D_P4_8_2_2_PK ? set->down_pk[k] : set->down[k]);
+        tab.e[k].down = (const uint8_t *)(mb_variant_packed(v) ? set->down_pk[k] : set->down[k]);
         tab.e[k].w = set->w[k];
         tab.e[k].slot = (int)k;
     }
@@ -565,6 +569,8 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         return dp_launch<4, 16, 1, 1, true>(io, tab, s, n_sm, V.pdl);
     case D_P4_8_2_2_PK:
         return dp_launch<4, 8, 2, 2, false, true, SL_Q3K_PACKED>(io, tab, s, n_sm, V.pdl);
+    case D_P4_8_2_2_PK2:
+        return dp_launch<4, 8, 2, 2, false, true, SL_Q3K_PACKED, 2>(io, tab, s, n_sm, V.pdl);
     default:
         return dn2_launch<1>(io, tab, s);
     }
@@ -641,7 +647,7 @@ static cudaError_t fl_one(int v, const mb_layer *L, int it, int n_sm)
 
 extern "C" int mb_variant_packed(int v)
 {
-    return variants[v].dn == D_P4_8_2_2_PK;
+    return variants[v].dn == D_P4_8_2_2_PK || variants[v].dn == D_P4_8_2_2_PK2;
 }
 
 extern "C" int mb_variant_fused(int v)

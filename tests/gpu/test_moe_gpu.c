@@ -111,10 +111,11 @@ Test(moe_gpu, q8_1_bit_exact)
     free(got);
 }
 
-/* The embedding row on the device: kernel vs sl_emu_embed_q2_k, bit for bit, for
- * rows at the table's start, middle and end. */
-/* sl_gpu_upload_down's packing kernel against sl_emu_pack_q3_k, byte for byte (an odd
- * block count, a growing stage, the pad bytes of a poisoned buffer), and its refusals. */
+/* sl_gpu_upload_down's packing against sl_emu_pack_q3_k, byte for byte: one block, a
+ * few, and more than a stage holds (taken a stage at a time), each into a poisoned
+ * buffer whose bytes past the down must stay as they were; then more asynchronous
+ * uploads than there are stages (each stage reused after its packing) and one wait;
+ * and the refusals. */
 Test(moe_gpu, pack_q3_k_bytes)
 {
     NEED_GPU();
@@ -122,19 +123,20 @@ Test(moe_gpu, pack_q3_k_bytes)
     sl_err err = {0};
     sl_gpu_ctx *c = NULL;
     cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
-    const uint64_t counts[] = {1, 3, 46081}; /* the stage grows twice */
+    const uint64_t counts[] = {1, 3, 46081}; /* a stage holds 512 blocks at this shape */
     for (int k = 0; k < 3; k++) {
         const uint64_t n = counts[k], raw = n * 110, pk = sl_gpu_packed_bytes(raw);
         cr_assert_eq(pk, n * SL_Q3K_PACKED);
         uint8_t *src = rand_blocks(SL_QTYPE_Q3_K, n * 256, 0.5f);
-        uint8_t *want = malloc(pk), *got = malloc(pk);
+        uint8_t *want = malloc(pk + 256), *got = malloc(pk + 256);
         sl_emu_pack_q3_k(src, n, want);
+        memset(want + pk, 0xFF, 256); /* the poison past the down */
         void *d = NULL;
-        cr_assert_eq(sl_gpu_malloc(c, &d, pk, &err), 0, "%s", err.msg);
-        poison_dev(c, d, pk);
+        cr_assert_eq(sl_gpu_malloc(c, &d, pk + 256, &err), 0, "%s", err.msg);
+        poison_dev(c, d, pk + 256);
         cr_assert_eq(sl_gpu_upload_down(c, d, src, raw, &err), 0, "%s", err.msg);
-        cr_assert_eq(sl_gpu_download(c, got, d, pk, &err), 0, "%s", err.msg);
-        for (uint64_t i = 0; i < pk; i++)
+        cr_assert_eq(sl_gpu_download(c, got, d, pk + 256, &err), 0, "%s", err.msg);
+        for (uint64_t i = 0; i < pk + 256; i++)
             cr_assert_eq(got[i], want[i], "%llu blocks: byte %llu is 0x%02x, want 0x%02x",
                          (unsigned long long)n, (unsigned long long)i, got[i], want[i]);
         if (k == 0) {
@@ -142,15 +144,40 @@ Test(moe_gpu, pack_q3_k_bytes)
             cr_assert(strstr(err.msg, "Q3_K blocks"), "%s", err.msg);
             cr_assert_eq(sl_gpu_upload_down(c, (uint8_t *)d + 4, src, 110, &err), SL_EINVAL);
             cr_assert_eq(sl_gpu_upload_down(c, NULL, src, 110, &err), SL_EINVAL);
+            cr_assert_eq(sl_gpu_upload_down_async(c, d, src, 513 * 110, &err), SL_EINVAL);
+            cr_assert(strstr(err.msg, "more than a down"), "%s", err.msg);
         }
         sl_gpu_free(c, d);
         free(src);
         free(want);
         free(got);
     }
+    enum { UPS = 11 }; /* more than the stages: each reused after its packing */
+    const uint64_t n = 512, raw = n * 110, pk = n * SL_Q3K_PACKED;
+    uint8_t *src[UPS], *want = malloc(pk), *got = malloc(pk);
+    void *d[UPS];
+    for (int u = 0; u < UPS; u++) {
+        src[u] = rand_blocks(SL_QTYPE_Q3_K, n * 256, 0.5f);
+        cr_assert_eq(sl_gpu_malloc(c, &d[u], pk, &err), 0, "%s", err.msg);
+        poison_dev(c, d[u], pk);
+    }
+    for (int u = 0; u < UPS; u++) /* the copies and packings overlap; one wait at the end */
+        cr_assert_eq(sl_gpu_upload_down_async(c, d[u], src[u], raw, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_sync(c, &err), 0, "%s", err.msg);
+    for (int u = 0; u < UPS; u++) {
+        sl_emu_pack_q3_k(src[u], n, want);
+        cr_assert_eq(sl_gpu_download(c, got, d[u], pk, &err), 0, "%s", err.msg);
+        cr_assert_eq(memcmp(got, want, pk), 0, "async upload %d of %d differs", u, UPS);
+        sl_gpu_free(c, d[u]);
+        free(src[u]);
+    }
+    free(want);
+    free(got);
     sl_gpu_close(&c);
 }
 
+/* The embedding row on the device: kernel vs sl_emu_embed_q2_k, bit for bit, for
+ * rows at the table's start, middle and end. */
 Test(moe_gpu, embed_q2_k_bit_exact)
 {
     NEED_GPU();
@@ -539,9 +566,11 @@ static void check_layer(uint32_t dim, uint32_t inter, uint32_t n_used, int sh_bf
         first_diff_f32("hd", o.hd, ehd, (size_t)n_used * inter / 32);
         first_diff_f32("h_sh", o.h_sh, eh_sh, inter);
         /* A K-quant shared expert in device memory runs inside the routed launches
-         * when there is room (n_used < 8): its output goes straight into the sum and
-         * peek gives NaN; elsewhere it runs on the side stream. */
-        const int merged = !sh_bf16 && !in_host && n_used < 8;
+         * when there is room (n_used < 8, and the bulk-copy down's stages fit shared
+         * memory: not at inter 4608): its output goes straight into the sum and peek
+         * gives NaN; elsewhere it runs on the side stream. */
+        const int fits = 2 * 8 * 8 * (inter / 256) * SL_Q3K_PACKED + 2048 <= 227 * 1024;
+        const int merged = !sh_bf16 && !in_host && n_used < 8 && fits; /* H100/H200 smem */
         cr_assert_eq(isnan(o.y_sh[0]) != 0, merged, "%s: shared expert merged %d", where, merged);
         if (!merged) first_diff_f32("y_sh", o.y_sh, ey_sh, dim);
         first_diff_f32("out_f32", o.yf, eyf, dim);
@@ -592,6 +621,7 @@ Test(moe_gpu, layer_small_dims)
     check_layer(512, 256, 1, 0);
     check_layer(512, 256, 3, 1);
     check_layer(1280, 768, 8, 0);
+    check_layer(512, 4608, 3, 0); /* no bulk-copy down fits: packed downs in k_down2 */
 }
 
 Test(moe_gpu, layer_real_dims, .timeout = 500)
@@ -627,7 +657,7 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
     sl_moe_expert_w w[8];
     char where[16] = "";
     for (uint32_t k = 0; k < n_used; k++) {
-        host[k] = (int)(rnd() & 1);
+        host[k] = k == 0 ? 0 : k == n_used - 1 ? 1 : (int)(rnd() & 1); /* both kinds */
         where[k] = host[k] ? 'h' : 'd';
         w[k] = place(c, &L.w[k], s, 0, host[k], keep[k]);
     }
@@ -649,6 +679,24 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
     cr_assert_eq(memcmp(one, eout, dim * 2), 0, "one-shot bf16 output differs (placement %s)",
                  where);
 
+    { /* the device's ranks, their downs early, then the host's (the raw bulk-copy down) */
+        uint32_t ranks[8], nd = 0, nh = 0;
+        for (uint32_t k = 0; k < n_used; k++)
+            if (!host[k]) ranks[nd++] = k;
+        for (uint32_t k = 0; k < n_used; k++)
+            if (host[k]) ranks[nd + nh++] = k;
+        poison_dev(c, od, dim * 2);
+        poison_dev(c, fd, dim * 4);
+        cr_assert_eq(sl_gpu_moe_shared(c, xd, &sh, &err), 0, "%s", err.msg);
+        cr_assert_eq(sl_gpu_moe_begin(c, xd, &L.route, &err), 0, "%s", err.msg);
+        if (nd) cr_assert_eq(sl_gpu_moe_part(c, ranks, nd, w, &err), 0, "%s", err.msg);
+        cr_assert_eq(sl_gpu_moe_down_early(c, &err), 0, "%s", err.msg);
+        if (nh) cr_assert_eq(sl_gpu_moe_part(c, ranks + nd, nh, w, &err), 0, "%s", err.msg);
+        cr_assert_eq(sl_gpu_moe_finish(c, od, fd, &err), 0, "%s", err.msg);
+        cr_assert_eq(sl_gpu_download(c, gotf, fd, dim * 4, &err), 0, "%s", err.msg);
+        cr_assert_eq(memcmp(gotf, onef, dim * 4), 0, "device first, down early (placement %s)",
+                     where);
+    }
     for (int t = 0; t < trials; t++) {
         uint32_t ranks[8];
         for (uint32_t k = 0; k < n_used; k++) ranks[k] = k;
