@@ -1554,6 +1554,9 @@ static int step(sl_compute *c, uint64_t s, sl_err *err)
     /* Waits for the last layer's kernels: then its pins may go back. */
     if (!rc && c->backend == SL_BACKEND_GPU)
         rc = sl_gpu_download(c->gpu, c->h, c->h_dev, c->cfg.dim * sizeof(uint16_t), err);
+    /* A failed step may leave kernels queued that read the pinned slots, and a token
+     * open on the GPU: wait for them and drop it before the pins go back. */
+    if (rc && c->backend == SL_BACKEND_GPU && c->gpu) sl_gpu_moe_abort(c->gpu, NULL);
 #endif
     put_held(c);
     c->t.sub_ns[SUB_RESIDUAL] += sl_now_ns() - t;

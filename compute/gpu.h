@@ -229,6 +229,15 @@ int sl_gpu_moe_down_early(sl_gpu_ctx *ctx, sl_err *err);
  * out_f32_dev [dim] (nullable) the f32 sum. */
 int sl_gpu_moe_finish(sl_gpu_ctx *ctx, uint16_t *out_dev, float *out_f32_dev, sl_err *err);
 
+/* Drops the token in flight, after a failure between sl_gpu_route_start or
+ * sl_gpu_moe_begin and sl_gpu_moe_finish (or a token the caller gives up): waits for
+ * everything queued on the context's streams, so that no queued work still reads the
+ * token's weights or scratch, then forgets the token, its routing and a shared expert
+ * not yet run, so that the next sl_gpu_route_start or sl_gpu_moe_begin starts clean.
+ * Nothing queued is undone: the dropped token's outputs are undefined. Returns the
+ * wait's error (the state is reset either way). */
+int sl_gpu_moe_abort(sl_gpu_ctx *ctx, sl_err *err);
+
 /* cudaMemcpyAsync host -> device (host pinned or registered, e.g. an arena slot) on the
  * context's copy stream, so that it runs beside the kernels; returns without waiting.
  * Work queued later through this context (sl_gpu_moe_part, _finish, sl_gpu_route_start)

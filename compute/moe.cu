@@ -1076,6 +1076,19 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
     return 0;
 }
 
+extern "C" int sl_gpu_moe_abort(sl_gpu_ctx *c, sl_err *err)
+{
+    if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_moe_abort: NULL context");
+    const int rc = sl_gpu_sync(c, err);
+    c->in_token = 0;
+    c->route_pending = 0; /* the next routing has a new number (route_seq) */
+    c->queued = 0;
+    c->early = 0;
+    c->down_host = 0;
+    c->sh_state = SH_NONE;
+    return rc;
+}
+
 extern "C" int sl_gpu_moe_down_early(sl_gpu_ctx *c, sl_err *err)
 {
     if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_moe_down_early: NULL context");

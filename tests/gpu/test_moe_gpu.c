@@ -925,3 +925,72 @@ Test(moe_gpu, rejects_bad_arguments)
     sl_gpu_close(&c);
     cr_assert_null(c);
 }
+
+/* A token dropped half way (a part refused, a routing not waited for) leaves the
+ * context refusing new routings until sl_gpu_moe_abort; after it, the next token's
+ * bytes are the emulation's. */
+Test(moe_gpu, abort_drops_the_token)
+{
+    NEED_GPU();
+    layer L;
+    make_layer(&L, 512, 256, 3, 0);
+    const sl_moe_shape *s = &L.s;
+    const uint32_t dim = s->dim;
+    sl_err err = {0};
+    uint16_t *eout = malloc(dim * 2), *got = malloc(dim * 2);
+    float *eyf = malloc(dim * 4);
+    cr_assert_eq(sl_emu_moe(s, L.x, &L.route, L.w, &L.sh, eout, eyf, NULL, &err), 0, "%s", err.msg);
+    sl_gpu_ctx *c = NULL;
+    cr_assert_eq(sl_gpu_open(&c, 0, s, &err), 0, "%s", err.msg);
+    void *keep[9][3];
+    sl_moe_expert_w w[8];
+    for (uint32_t k = 0; k < 3; k++) w[k] = place(c, &L.w[k], s, 0, k == 2, keep[k]);
+    const sl_moe_expert_w sh = place(c, &L.sh, s, 0, 0, keep[8]);
+    uint16_t *rw = rand_bf16((uint64_t)s->n_expert * dim, 0.05f);
+    void *xd = to_dev(c, L.x, dim * 2), *rwd = to_dev(c, rw, (size_t)s->n_expert * dim * 2);
+    void *od = NULL;
+    cr_assert_eq(sl_gpu_malloc(c, &od, dim * 2, &err), 0);
+
+    /* a part refused half way: the token stays open */
+    cr_assert_eq(sl_gpu_moe_shared(c, xd, &sh, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_moe_begin(c, xd, &L.route, &err), 0, "%s", err.msg);
+    const uint32_t r0 = 0, r1 = 1;
+    cr_assert_eq(sl_gpu_moe_part(c, &r0, 1, w, &err), 0, "%s", err.msg);
+    sl_moe_expert_w bad[8];
+    memcpy(bad, w, sizeof bad);
+    bad[1].down = (const uint8_t *)w[1].down + 4; /* misaligned */
+    cr_assert_eq(sl_gpu_moe_part(c, &r1, 1, bad, &err), SL_EINVAL);
+    cr_assert_eq(sl_gpu_route_start(c, xd, rwd, NULL, NULL, NULL, &err), SL_EINVAL,
+                 "a routing while a token is open");
+    cr_assert_eq(sl_gpu_moe_abort(c, &err), 0, "%s", err.msg);
+
+    /* a routing queued and never waited for */
+    cr_assert_eq(sl_gpu_route_start(c, xd, rwd, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_moe_abort(c, &err), 0, "%s", err.msg);
+    sl_moe_route picked;
+    uint32_t started = 0;
+    cr_assert_eq(sl_gpu_route_start(c, xd, rwd, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_route_wait(c, &picked, &started, &err), 0, "%s", err.msg);
+    cr_assert_eq(started, 0u);
+    cr_assert_eq(sl_gpu_moe_abort(c, &err), 0, "%s", err.msg); /* those picks dropped too */
+
+    /* the next token: the emulation's bytes (the shared expert queued before the
+     * abort was dropped with it, so it is queued again) */
+    poison_dev(c, od, dim * 2);
+    cr_assert_eq(sl_gpu_moe_shared(c, xd, &sh, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_moe_routed(c, xd, &L.route, w, od, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_download(c, got, od, dim * 2, &err), 0, "%s", err.msg);
+    cr_assert_eq(memcmp(got, eout, dim * 2), 0, "the token after the aborts differs");
+
+    for (uint32_t k = 0; k < 3; k++) unplace(c, keep[k], k == 2);
+    unplace(c, keep[8], 0);
+    sl_gpu_free(c, xd);
+    sl_gpu_free(c, rwd);
+    sl_gpu_free(c, od);
+    sl_gpu_close(&c);
+    free(rw);
+    free(eout);
+    free(got);
+    free(eyf);
+    free_layer(&L);
+}
