@@ -288,6 +288,15 @@ static void note_down(sl_gpu_ctx *c, uint32_t slot)
     if (!c->dt_ok || host) c->down_host = 1;
 }
 
+/* The merged shared expert into c->all, at slot n_used (merged only from device memory:
+ * its down is packed). */
+static void merge_shared(sl_gpu_ctx *c)
+{
+    const uint32_t n = c->shape.n_used;
+    c->all.e[n] = c->sh;
+    c->all.pk |= 1u << n;
+}
+
 /* The table of the slots in mask (from c->all). */
 static sl_ktab slots_tab(const sl_gpu_ctx *c, uint32_t mask)
 {
@@ -1041,8 +1050,7 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
             CK(launch_gateup(c, one, c->sh_x, c->rs, c->main, true, USE_PDL),
                "k_gateup_tma_q2_k (shared)");
         }
-        c->all.e[n] = c->sh;
-        c->all.pk |= 1u << n; /* merged: its down is in device memory */
+        merge_shared(c);
         c->all.n = (int)n + 1;
         nq = n + 1;
         c->last_merged = 1;
@@ -1101,8 +1109,7 @@ extern "C" int sl_gpu_moe_down_early(sl_gpu_ctx *c, sl_err *err)
         if (c->queued >> r & 1) done |= 1u << c->slot_of[r];
     if (c->sh_state == SH_MERGED) {
         done |= 1u << n;
-        c->all.e[n] = c->sh;
-        c->all.pk |= 1u << n;
+        merge_shared(c);
     }
     const uint32_t now = done & ~c->early;
     if (!now) return 0;
