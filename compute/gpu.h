@@ -274,7 +274,25 @@ typedef struct sl_gpu_probe {
     unsigned long long *gu_stamps; /* device buffer of the gate/up's milestones, or NULL */
     unsigned long long *dn_stamps; /* the same for the down (main stream) */
     uint32_t records;              /* records each buffer holds */
+    unsigned long long *rt_stamps; /* device buffer of SL_GPU_RT_STAMPS: the routing's, or NULL */
 } sl_gpu_probe;
+
+/* rt_stamps (sl_gpu_route_start's kernels, %globaltimer ns): the selection's thread 0
+ * at [SL_GPU_RT_SEL_*]: entry, past its wait for the router, scores and warp maxima
+ * done, picks ranked, the device tier's entries read, table published, end (the
+ * host's picks written); the router's CTA c at SL_GPU_RT_ROUTER + 4c: entry, past its
+ * wait for the kernel before, end. */
+enum {
+    SL_GPU_RT_SEL_ENTRY,
+    SL_GPU_RT_SEL_WAITED,
+    SL_GPU_RT_SEL_SCORED,
+    SL_GPU_RT_SEL_RANKED,
+    SL_GPU_RT_SEL_TIER,
+    SL_GPU_RT_SEL_PUBLISHED,
+    SL_GPU_RT_SEL_END,
+    SL_GPU_RT_ROUTER = 16,
+    SL_GPU_RT_STAMPS = SL_GPU_RT_ROUTER + 4 * 256 /* n_expert <= 1024, 4 experts a CTA */
+};
 int sl_gpu_set_probe(sl_gpu_ctx *ctx, const sl_gpu_probe *probe, sl_err *err);
 
 /* Test hook: waits, then copies the last layer's intermediates to the host (each

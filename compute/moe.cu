@@ -62,6 +62,7 @@ struct sl_gpu_ctx {
     int gt_stg;                      /* its staggered start (GT_STG; sl_gpu_set_probe) */
     int gtd_flag;                    /* the device-table gate/up starts on the selection's flag */
     unsigned long long *dn_stamps;   /* the down's milestones (bench; rs.stamps the gate/up's) */
+    unsigned long long *rt_stamps;   /* the router's and the selection's (bench) */
     int gtd_ok, gtd_occ;             /* its device-table form fits too (routing on the device) */
     int dt_ok;                       /* the bulk-copy down fits this shape */
     int dt_occ[SL_GPU_MAX_USED + 1]; /* its CTAs per SM for n experts (persistent grid) */
@@ -353,7 +354,7 @@ static cudaError_t launch_router(const sl_gpu_ctx *c, const uint16_t *x, const u
     if (s->dim <= 256 * RT_C)
         return k_launch(k_router_pf<RT_NW, RT_C>, (s->n_expert + RT_NW - 1) / RT_NW, RT_NW * 32,
                         smem, c->main, USE_PDL, w, x, s->n_expert, s->dim, s->gate_temp, logits,
-                        ximg);
+                        ximg, c->rt_stamps);
     if (ximg) {
         const cudaError_t rc = launch_quant_img(c, x, ximg, c->main, USE_PDL);
         if (rc != cudaSuccess) return rc;
@@ -773,7 +774,8 @@ static cudaError_t launch_select(sl_gpu_ctx *c, const float *bias, const sl_gpu_
     const uint32_t threads = (s->n_expert + 31) / 32 * 32; /* <= 1024, checked at open */
     return k_launch(k_route_select, 1, threads, 0, c->main, USE_PDL, (const float *)c->logits_dev,
                     bias, s->n_expert, s->n_used, s->norm_topk, s->route_scale, t0, forced,
-                    c->kroute_dev, c->tab_dev, c->sh, with_sh, c->route_seq, c->tab_seq_dev);
+                    c->kroute_dev, c->tab_dev, c->sh, with_sh, c->route_seq, c->tab_seq_dev,
+                    c->rt_stamps);
 }
 
 extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *err)
@@ -797,6 +799,7 @@ extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *er
     c->gtd_flag = !p->wait_select;
     c->rs.stamps = p->gu_stamps;
     c->dn_stamps = p->dn_stamps;
+    c->rt_stamps = p->rt_stamps;
     return 0;
 }
 

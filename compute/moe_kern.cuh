@@ -1017,22 +1017,54 @@ __device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t r
     if (warp == 0 && lane == 0) stage_free();
 }
 
-/* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (k_quant_h
- * follows). Persistent: CTA c takes the units u = c, c + grid, ..., a unit being rows
- * [r0, r0 + TR) of gate and up of one expert, ST units in flight. NG groups of NW
- * warps compute NG units at once (group G the CTA's units k = G mod NG, with its own
- * named barrier), so that more warps per SM hide the decode's latency. x arrives
- * quantized (ximg: k_quant_x_img's bytes, one bulk copy). A unit is decoded with dp4a
- * (k_gateup_dp4a_unit) or, MMA, on the tensor cores (k_gateup_mma_unit, a bench
- * variant). DEV: the table is read from device memory after the wait for the kernel
- * before (the selection), or, with tab_seq, once the selection published it (seq at
- * tab_seq), the wait for the selection's grid then coming at the end; with sh_first
- * the shared expert sh, the table's last entry, takes the first units (unit u: entry
- * (u / tpe + n - 1) % n), so that its first stages (and x) are queued before that
- * wait. STG: the host-table form's staggered start. STAMP: the form that records
+/* q8_1 of the group of 32 rows of h that holds rows [r0, r0 + TR) of slot's expert, by
+ * one warp of each of the group's units once the unit's rows are written and its warps
+ * met at a barrier: the units count themselves in s.cnt, and the warp of the last one
+ * quantizes the group (k_q8_lane, the bits of k_quant_h) and puts its count back to 0.
+ * Lane 0's fence before the count publishes the unit's rows (the barrier orders its
+ * warps' stores before it), its fence after the last count orders the others' rows
+ * before the group's loads, which bypass L1. */
+template <int TR>
+__device__ __forceinline__ void k_quant_h_last(const sl_kscratch &s, int slot, uint32_t inter,
+                                               uint32_t r0, int lane)
+{
+    static_assert(32 % TR == 0, "a unit's rows lie in one q8_1 group");
+    const uint32_t g = (uint32_t)slot * (inter / 32) + r0 / 32;
+    unsigned old = 0;
+    if (lane == 0) {
+        __threadfence();
+        old = atomicAdd(&s.cnt[g], 1u);
+    }
+    if (__shfl_sync(~0u, old, 0) != 32 / TR - 1) return;
+    if (lane == 0) {
+        __threadfence();
+        s.cnt[g] = 0; /* every unit of the group has counted: ready for the next launch */
+    }
+    __syncwarp();
+    float d;
+    const int q = k_q8_lane(__ldcg(&s.h[(size_t)g * 32 + lane]), &d);
+    s.hq[(size_t)g * 32 + lane] = (int8_t)q;
+    if (lane == 0) s.hd[g] = d;
+}
+
+/* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (QH, a bench
+ * variant: and its q8_1, k_quant_h_last; else k_quant_h follows). Persistent: CTA c
+ * takes the units u = c, c + grid, ..., a unit being rows [r0, r0 + TR) of gate and up
+ * of one expert, ST units in flight. NG groups of NW warps compute NG units at once
+ * (group G the CTA's units k = G mod NG, with its own named barrier), so that more
+ * warps per SM hide the decode's latency. x arrives quantized (ximg: k_quant_x_img's
+ * bytes, one bulk copy). A unit is decoded with dp4a (k_gateup_dp4a_unit) or, MMA, on
+ * the tensor cores (k_gateup_mma_unit, a bench variant). DEV: the table is read from
+ * device memory after the wait for the kernel before (the selection), or, with
+ * tab_seq, once the selection published it (seq at tab_seq), the wait for the
+ * selection's grid then coming at the end; with sh_first the shared expert sh, the
+ * table's last entry, takes the first units (unit u: entry (u / tpe + n - 1) % n), so
+ * that its first stages (and x) are queued before that wait. STG: the host-table
+ * form's staggered start. STAMP: the form that records
  * milestones (s.stamps). TR % 4 == 0 keeps a tile a multiple of 16 bytes for every
  * dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
-template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, bool STG, bool STAMP>
+template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, bool STG, bool STAMP,
+          bool QH = false>
 __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst,
                                                   const sl_ktab *tabp, const unsigned *tab_seq,
                                                   unsigned seq, const sl_kexp &sh, int sh_first,
@@ -1154,21 +1186,23 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
         else
             k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane, ex, h, limit,
                                            stage_free);
+        if (QH && warp == NW - 1) k_quant_h_last<TR>(s, ex.slot, inter, r0, lane);
         k_stamp_unit(rec, i, 1);
     }
     k_stamp_end(rec, i);
     if (tab_seq) k_pdl_wait(); /* the selection's end comes before this kernel's */
 }
 
-/* STAMP: the form that records milestones (s.stamps); the others have no trace of them. */
+/* STAMP: the form that records milestones (s.stamps); the others have no trace of them.
+ * QH: h's q8_1 too (s.cnt zero at launch, and left so; a bench variant). */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
-          bool STAMP = false>
+          bool STAMP = false, bool QH = false>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                       uint32_t dim, uint32_t inter, float limit,
                       const __grid_constant__ sl_kscratch s)
 {
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD, STG, STAMP>(
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD, STG, STAMP, QH>(
         tab, NULL, NULL, NULL, 0, tab.e[0], 0, ximg, dim, inter, limit, s);
 }
 
@@ -2274,12 +2308,17 @@ __global__ void __launch_bounds__(NW * 32)
 template <int NW, int C>
 __global__ void __launch_bounds__(NW * 32)
     k_router_pf(const uint16_t *__restrict__ w, const uint16_t *__restrict__ x, uint32_t n_expert,
-                uint32_t dim, float temp, float *__restrict__ logits, uint8_t *__restrict__ ximg)
+                uint32_t dim, float temp, float *__restrict__ logits, uint8_t *__restrict__ ximg,
+                unsigned long long *stamps)
 {
     extern __shared__ int4 k_smem[];
     float *xf = (float *)k_smem;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t e = blockIdx.x * NW + warp, nc = dim / 256;
+    /* bench: the CTA's entry, past its wait, end (SL_GPU_RT_ROUTER + 4 a CTA) */
+    unsigned long long *rec =
+        stamps && threadIdx.x == 0 ? stamps + SL_GPU_RT_ROUTER + 4 * blockIdx.x : nullptr;
+    k_stamp(rec, 0);
     int4 v[C];
     if (e < n_expert) {
         const int4 *row = (const int4 *)(w + (size_t)e * dim);
@@ -2289,6 +2328,7 @@ __global__ void __launch_bounds__(NW * 32)
     }
     k_pdl_wait();
     k_pdl_go();
+    k_stamp(rec, 1);
     /* x widened into shared memory, 8 values a 16-byte load, the loads of a thread
      * issued together (one latency, not one per element) */
 #pragma unroll 4
@@ -2311,7 +2351,10 @@ __global__ void __launch_bounds__(NW * 32)
         for (uint32_t b = blockIdx.x * NW + warp; b < dim / 32; b += gridDim.x * NW)
             k_quant_block<true>(xf[32 * b + lane], b, lane, aq, ad, as);
     }
-    if (e >= n_expert) return;
+    if (e >= n_expert) {
+        k_stamp(rec, 2);
+        return;
+    }
     float acc = 0.0f;
 #pragma unroll
     for (int c = 0; c < C; c++) {
@@ -2327,6 +2370,7 @@ __global__ void __launch_bounds__(NW * 32)
     acc = k_butterfly(acc, 16);
     if (temp != 1.0f) acc = sl_emu_div(acc, temp);
     if (lane == 0) logits[e] = acc;
+    k_stamp(rec, 2);
 }
 
 /* What the device's selection hands the host (pinned, mapped memory). */
@@ -2348,18 +2392,31 @@ struct sl_kroute {
  * were computed. Then each pick's slot (its place in increasing expert id) and, for
  * the picks the device tier holds (t0[expert].gate not NULL; t0 nullable), the table
  * of k_gateup_tma_dev_q2_k, plus the shared expert `sh` when with_sh, published by
- * storing seq at tab_seq (nullable; a release) before the picks go to the host. */
+ * storing seq at tab_seq (nullable; a release) before the picks go to the host. The
+ * device tier's entries are read before the wait for the router (thread e its
+ * expert's, through L2: sl_gpu_t0_set changes them in stream order, and the kernels
+ * before the router have completed when this one starts) and handed to the picks'
+ * ranks in shared memory. stamps (nullable, bench): thread 0's milestones,
+ * SL_GPU_RT_SEL_*. */
 __global__ void __launch_bounds__(1024)
     k_route_select(const float *__restrict__ logits, const float *__restrict__ bias,
                    uint32_t n_expert, uint32_t k, int norm_topk, float route_scale,
                    const sl_gpu_t0e *__restrict__ t0, const sl_moe_route *forced, sl_kroute *out,
-                   sl_ktab *tab, sl_kexp sh, int with_sh, uint32_t seq, unsigned *tab_seq)
+                   sl_ktab *tab, sl_kexp sh, int with_sh, uint32_t seq, unsigned *tab_seq,
+                   unsigned long long *stamps)
 {
     __shared__ float wmax[32], ckey[1024], cscore[1024];
     __shared__ uint32_t cidx[1024], n_cand, pick[SL_GPU_MAX_USED];
     __shared__ float pscore[SL_GPU_MAX_USED], thr;
+    __shared__ sl_gpu_t0e t0s[SL_GPU_MAX_USED];
     const uint32_t e = threadIdx.x, lane = e & 31, warp = e >> 5, nw = blockDim.x >> 5;
     const float b = bias && e < n_expert ? bias[e] : 0.0f;
+    sl_gpu_t0e mine_t0 = {NULL, NULL, NULL};
+    if (t0 && e < n_expert) {
+        const unsigned long long *q = (const unsigned long long *)(t0 + e);
+        mine_t0 = (sl_gpu_t0e){(const void *)__ldcg(q), (const void *)__ldcg(q + 1),
+                               (const void *)__ldcg(q + 2)};
+    }
     /* forced sits in host memory (mapped): each read crosses the bus, so the k threads
      * of the picks read theirs at once, before the wait (the host wrote it before the
      * launch) */
@@ -2370,10 +2427,13 @@ __global__ void __launch_bounds__(1024)
         f_wt = forced->weight[e];
     }
     if (e == 0) n_cand = 0;
+    unsigned long long *rec = stamps && e == 0 ? stamps : nullptr;
+    k_stamp(rec, SL_GPU_RT_SEL_ENTRY);
     /* wait first, then let the gate/up start: the gate/up reads the router's x image
      * before its own wait, relying on this order (k_gateup_tma_body, DEV) */
     k_pdl_wait();
     k_pdl_go();
+    k_stamp(rec, SL_GPU_RT_SEL_WAITED);
     float sc = 0.0f, kv = -INFINITY;
     if (e < n_expert) {
         sc = sl_score(logits[e]);
@@ -2384,6 +2444,7 @@ __global__ void __launch_bounds__(1024)
     for (int off = 16; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, off));
     if (lane == 0) wmax[warp] = m;
     __syncthreads();
+    k_stamp(rec, SL_GPU_RT_SEL_SCORED);
     if (e < nw) { /* the k-th largest warp maximum (or -inf with fewer than k warps) */
         const float me = wmax[e];
         uint32_t above = 0;
@@ -2411,9 +2472,17 @@ __global__ void __launch_bounds__(1024)
         }
     }
     __syncthreads();
+    k_stamp(rec, SL_GPU_RT_SEL_RANKED);
+    if (forced && e < k) pick[e] = f_ex;
+    if (t0) { /* each pick's device-tier entry, from the thread that read it */
+        __syncthreads();
+        for (uint32_t r = 0; r < k; r++)
+            if (pick[r] == e) t0s[r] = mine_t0;
+    }
+    __syncthreads();
     if (warp) return;
     /* Warp 0, lane r < k: rank r. Every lane adds the k scores in rank order (the
-     * reference's sum); the picks' table entries are read at once, one a lane. */
+     * reference's sum). */
     const uint32_t r = lane;
     const bool mine = r < k;
     float sum = 0.0f;
@@ -2421,20 +2490,21 @@ __global__ void __launch_bounds__(1024)
     const float denom = sl_emu_add(sum, 1e-20f);
     uint32_t ex = 0;
     float wt = 0.0f;
+    sl_gpu_t0e d = {NULL, NULL, NULL};
     if (mine) {
-        ex = forced ? f_ex : pick[r];
+        ex = pick[r];
         wt = forced      ? f_wt
              : norm_topk ? sl_emu_mul(sl_emu_div(pscore[r], denom), route_scale)
                          : sl_emu_mul(pscore[r], route_scale);
+        if (t0) d = t0s[r];
     }
-    sl_gpu_t0e d = {NULL, NULL, NULL};
-    if (mine && t0 && ex < n_expert) d = t0[ex];
     uint32_t slot = 0; /* sl_emu_moe_order: increasing expert id, stable */
     for (uint32_t q = 0; q < k; q++) {
         const uint32_t eq = __shfl_sync(~0u, ex, q);
         slot += eq < ex || (eq == ex && q < r);
     }
     const uint32_t started = __ballot_sync(~0u, mine && d.gate != NULL);
+    k_stamp(rec, SL_GPU_RT_SEL_TIER);
     const bool st = mine && (started >> r & 1);
     const sl_kexp ke = {(const uint8_t *)d.gate, (const uint8_t *)d.up, (const uint8_t *)d.down, wt,
                         (int)slot};
@@ -2450,6 +2520,7 @@ __global__ void __launch_bounds__(1024)
         __threadfence();
         k_st_release(tab_seq, seq);
     }
+    k_stamp(rec, SL_GPU_RT_SEL_PUBLISHED);
     if (mine) {
         out->expert[r] = ex;
         out->weight[r] = wt;
@@ -2459,6 +2530,7 @@ __global__ void __launch_bounds__(1024)
     __threadfence_system(); /* every lane's writes reach the host before the number */
     __syncwarp();
     if (lane == 0) *(volatile uint32_t *)&out->seq = seq;
+    k_stamp(rec, SL_GPU_RT_SEL_END);
 }
 
 /* Entries of the device tier's table: table[index[i]] = value[i], in order. */

@@ -233,6 +233,69 @@ static void stamp_table(const unsigned long long *st, const char *what)
     say("\n");
 }
 
+/* The first, median and last of slot `slot` over a kernel's records (stride slots a
+ * record; a record counts when its slot `valid` is set), in us after t0; 0 when none. */
+static int rec_stats(const unsigned long long *st, int nrec, int stride, int valid, int slot,
+                     unsigned long long t0, double out[3])
+{
+    static double v[MB_ST_RECS];
+    int n = 0;
+    for (int r = 0; r < nrec; r++) {
+        const unsigned long long *s = st + (size_t)r * stride;
+        if (s[valid] && s[slot]) v[n++] = ((double)s[slot] - (double)t0) / 1e3;
+    }
+    if (!n) return 0;
+    qsort(v, n, sizeof *v, cmp_d);
+    out[0] = v[0], out[1] = v[n / 2], out[2] = v[n - 1];
+    return n;
+}
+
+/* One device-routed layer on the GPU's clock: the router's CTAs and the selection
+ * (rt: sl_gpu_probe.rt_stamps), the gate/up's and the down's groups (gu, dn), in us
+ * after the router's first entry. */
+static void layer_timeline(const unsigned long long *rt, const unsigned long long *gu,
+                           const unsigned long long *dn)
+{
+    const unsigned long long *ro = rt + SL_GPU_RT_ROUTER;
+    unsigned long long t0 = ~0ull;
+    for (int c = 0; c < 256; c++)
+        if (ro[4 * c] && ro[4 * c] < t0) t0 = ro[4 * c];
+    if (t0 == ~0ull) {
+        say("Layer timeline: no records\n\n");
+        return;
+    }
+    say("One device-routed layer on the GPU's clock (the last of 8 back to back), us after the "
+        "router's first CTA entered:\n\n| kernel | event | first | median | last | records "
+        "|\n|---|---|---|---|---|---|\n");
+    static const char *const rname[3] = {"entry", "past its wait (the kernel before)", "end"};
+    for (int k = 0; k < 3; k++) {
+        double v[3];
+        const int n = rec_stats(ro, 256, 4, 2, k, t0, v);
+        if (n) say("| router | %s | %.2f | %.2f | %.2f | %d |\n", rname[k], v[0], v[1], v[2], n);
+    }
+    static const char *const sname[SL_GPU_RT_SEL_END + 1] = {"entry",
+                                                             "past its wait (the router)",
+                                                             "scores, warp maxima",
+                                                             "picks ranked",
+                                                             "device tier's entries read",
+                                                             "table published",
+                                                             "end (host's picks written)"};
+    for (int k = 0; k <= SL_GPU_RT_SEL_END; k++)
+        if (rt[k]) say("| selection | %s | | %.2f | | 1 |\n", sname[k], ((double)rt[k] - t0) / 1e3);
+    static const int slot[3] = {0, 1, 30};
+    static const char *const gname[3] = {"entry", "x and the table landed", "end"};
+    static const char *const dname[3] = {"entry", "past its wait (q8_1 of h)", "end"};
+    for (int w = 0; w < 2; w++)
+        for (int k = 0; k < 3; k++) {
+            double v[3];
+            const int n = rec_stats(w ? dn : gu, MB_ST_RECS, MB_ST_SLOTS, 30, slot[k], t0, v);
+            if (n)
+                say("| %s | %s | %.2f | %.2f | %.2f | %d |\n", w ? "down" : "gate/up",
+                    w ? dname[k] : gname[k], v[0], v[1], v[2], n);
+        }
+    say("\n");
+}
+
 /* What a row of the routed-experts table needs. */
 typedef struct routed_ctx {
     sl_gpu_ctx *c;
@@ -412,7 +475,7 @@ int main(int argc, char **argv)
         "experts, rotating the pool): **%.0f GB/s** (%.1f us per token)\n\n",
         own, token_bytes / own / 1e3);
     mb_io io = {.dim = DIM, .inter = INTER, .n = NUSED};
-    unsigned long long *gu_st = NULL, *dn_st = NULL; /* the kernels' milestones */
+    unsigned long long *gu_st = NULL, *dn_st = NULL, *rt_st = NULL; /* the kernels' milestones */
     void *t;
     if (sl_gpu_malloc(c, &t, DIM * 2, &err) || sl_gpu_upload(c, t, xh, DIM * 2, &err))
         DIE("%s", err.msg);
@@ -427,6 +490,7 @@ int main(int argc, char **argv)
         sl_gpu_malloc(c, (void **)&io.stamps, 1024 * 4 * 8, &err) ||
         sl_gpu_malloc(c, (void **)&gu_st, MB_ST_RECS * MB_ST_SLOTS * 8, &err) ||
         sl_gpu_malloc(c, (void **)&dn_st, MB_ST_RECS * MB_ST_SLOTS * 8, &err) ||
+        sl_gpu_malloc(c, (void **)&rt_st, SL_GPU_RT_STAMPS * 8, &err) ||
         sl_gpu_malloc(c, (void **)&io.out_f32, DIM * 4, &err) ||
         sl_gpu_malloc(c, (void **)&io.out, DIM * 2, &err))
         DIE("%s", err.msg);
@@ -611,7 +675,7 @@ int main(int argc, char **argv)
             "**device routing**, the gate/up waiting for the whole selection"};
         for (int mode = 0; mode < 4; mode++) {
             if (o.quick && mode < 2) continue;
-            const sl_gpu_probe pr = {0, mode == 3, NULL, NULL, 0};
+            const sl_gpu_probe pr = {0, mode == 3, NULL, NULL, 0, NULL};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
             double b2b = 0;
             for (int pass = 0; pass < 2; pass++) { /* 0: a sync per layer; 1: back to back */
@@ -694,7 +758,7 @@ int main(int argc, char **argv)
                                                             : " (output DIFFERS)");
         }
         {
-            const sl_gpu_probe pr = {0, 0, NULL, NULL, 0};
+            const sl_gpu_probe pr = {0, 0, NULL, NULL, 0, NULL};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
         }
         /* Where a device-routed layer's time goes, on the GPU's own clock (event marks on
@@ -752,11 +816,14 @@ int main(int argc, char **argv)
          * layers back to back, with the gate/up starting on the selection's table and
          * after the whole selection */
         for (int ws = 0; ws <= 1; ws++) {
-            static unsigned long long st[MB_ST_RECS * MB_ST_SLOTS];
+            static unsigned long long st[MB_ST_RECS * MB_ST_SLOTS], st2[MB_ST_RECS * MB_ST_SLOTS],
+                rts[SL_GPU_RT_STAMPS];
             memset(st, 0, sizeof st);
-            const sl_gpu_probe pr = {0, ws, gu_st, dn_st, MB_ST_RECS};
+            memset(rts, 0, sizeof rts);
+            const sl_gpu_probe pr = {0, ws, gu_st, dn_st, MB_ST_RECS, rt_st};
             if (sl_gpu_upload(c, gu_st, st, sizeof st, &err) ||
-                sl_gpu_upload(c, dn_st, st, sizeof st, &err) || sl_gpu_set_probe(c, &pr, &err))
+                sl_gpu_upload(c, dn_st, st, sizeof st, &err) ||
+                sl_gpu_upload(c, rt_st, rts, sizeof rts, &err) || sl_gpu_set_probe(c, &pr, &err))
                 DIE("%s", err.msg);
             for (int it = 0; it < 8; it++) {
                 sl_moe_route r;
@@ -769,6 +836,11 @@ int main(int argc, char **argv)
                     DIE("%s", err.msg);
             }
             if (sl_gpu_sync(c, &err)) DIE("%s", err.msg);
+            if (sl_gpu_download(c, st, gu_st, sizeof st, &err) ||
+                sl_gpu_download(c, st2, dn_st, sizeof st2, &err) ||
+                sl_gpu_download(c, rts, rt_st, sizeof rts, &err))
+                DIE("%s", err.msg);
+            if (!ws) layer_timeline(rts, st, st2);
             for (int k = 0; k < 2; k++) {
                 char what[160];
                 if (sl_gpu_download(c, st, k ? dn_st : gu_st, sizeof st, &err)) DIE("%s", err.msg);
@@ -780,7 +852,7 @@ int main(int argc, char **argv)
             }
         }
         {
-            const sl_gpu_probe pr = {0, 0, NULL, NULL, 0};
+            const sl_gpu_probe pr = {0, 0, NULL, NULL, 0, NULL};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
         }
         if (o.quick) {

@@ -141,6 +141,7 @@ enum {
     G_T4x2_8_4,
     G_T4x2_8_4_PF,  /* ... prefetching the downs into L2 as its CTAs run out of units */
     G_T4x2_8_4_STG, /* ... one stage a group queued at first, the others once it landed */
+    G_T4x2_8_4_QH,  /* ... and h's q8_1 by the unit that completes a group (no k_quant_h) */
     G_T4x4_8_4,
     G_T8x2_16_2,
     G_T4x2_8_2,
@@ -190,6 +191,9 @@ static const variant variants[] = {
     {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed blocks, a block at a "
      "time, PDL",
      G_T4x2_8_4_STG, D_P4_8_2_2_PK, true},
+    {"gt 2x NW4 TR8 ST4, staggered start, q8_1 of h by the unit completing a group (no "
+     "quant_h) + dp LPR4 TD8 ST2 2x on packed blocks, 2 blocks interleaved, PDL",
+     G_T4x2_8_4_QH, D_P4_8_2_2_PK2, true},
     {"gt 2x NW4 TR8 ST4, L2 prefetch of the downs + dp LPR4 TD8 ST2 2x, PDL", G_T4x2_8_4_PF,
      D_P4_8_2_2, true},
     {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, PDL (compute until session 9)", G_T4x2_8_4,
@@ -254,7 +258,8 @@ extern "C" const char *mb_variant_name(int v)
     return variants[v].name;
 }
 
-template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false>
+template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
+          bool QH = false>
 static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
@@ -262,18 +267,20 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
         cudaError_t rc =
-            cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG>,
+            cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, false, QH>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess) /* the form that records milestones (io->gu_st) */
-            rc = cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, true>,
+            rc = cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, true, QH>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess)
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG>, NG * NW * 32, smem);
+                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, false, QH>, NG * NW * 32,
+                smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
-        printf("  [gate/up tma%s%s %dx NW %d TR %d ST %d: %d CTAs/SM, smem %zu]\n",
-               MMA ? " mma" : "", STG ? " staggered" : "", NG, NW, TR, ST, occ, smem);
+        printf("  [gate/up tma%s%s%s %dx NW %d TR %d ST %d: %d CTAs/SM, smem %zu]\n",
+               MMA ? " mma" : "", STG ? " staggered" : "", QH ? " q8_1 of h" : "", NG, NW, TR, ST,
+               occ, smem);
     }
     if (k_gu4_xbytes(io->dim) > 16384) return cudaErrorInvalidValue; /* io->ximg's size */
     cudaError_t rc =
@@ -282,11 +289,11 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     const uint32_t units = (uint32_t)tab.n * io->inter / TR;
     uint32_t grid = (uint32_t)(occ * n_sm);
     if (grid > units) grid = units;
-    rc = k_launch(s.stamps ? k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, true>
-                           : k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG>,
+    rc = k_launch(s.stamps ? k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, true, QH>
+                           : k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, false, QH>,
                   grid, NG * NW * 32, smem, 0, pdl, tab, (const uint8_t *)io->ximg, io->dim,
                   io->inter, 10.0f, s);
-    if (rc != cudaSuccess) return rc;
+    if (rc != cudaSuccess || QH) return rc;
     const uint32_t groups = (uint32_t)tab.n * io->inter / 32;
     return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, 0, pdl, s, groups, groups, ~0u);
 }
@@ -520,6 +527,9 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         case G_T4x2_8_4_STG:
             rc = gt_launch<4, 8, 4, 2, false, false, true>(io, tab, s, n_sm, V.pdl);
             break;
+        case G_T4x2_8_4_QH:
+            rc = gt_launch<4, 8, 4, 2, false, false, true, true>(io, tab, s, n_sm, V.pdl);
+            break;
         case G_T4x4_8_4:
             rc = gt_launch<4, 8, 4, 4>(io, tab, s, n_sm, V.pdl);
             break;
@@ -601,9 +611,9 @@ static cudaError_t fl_queue(const mb_layer *L, int it, int n_sm)
         if (!occ) return cudaErrorInvalidConfiguration;
     }
     if (io->dim > 256 * 24 || L->n_expert > 1024) return cudaErrorInvalidValue;
-    cudaError_t rc =
-        k_launch(k_router_pf<4, 24>, (L->n_expert + 3) / 4, 128, sizeof(float) * io->dim, 0, true,
-                 L->router, io->x, L->n_expert, io->dim, L->gate_temp, fl_logits, io->ximg);
+    cudaError_t rc = k_launch(
+        k_router_pf<4, 24>, (L->n_expert + 3) / 4, 128, sizeof(float) * io->dim, 0, true, L->router,
+        io->x, L->n_expert, io->dim, L->gate_temp, fl_logits, io->ximg, (unsigned long long *)NULL);
     if (rc != cudaSuccess) return rc;
     sl_kexp sh;
     sh.gate = (const uint8_t *)L->sh_gate;
@@ -615,7 +625,7 @@ static cudaError_t fl_queue(const mb_layer *L, int it, int n_sm)
                   (const float *)fl_logits, (const float *)NULL, L->n_expert, L->n_used,
                   L->norm_topk, L->route_scale, (const sl_gpu_t0e *)L->t0,
                   (const sl_moe_route *)L->forced + it % L->n_forced, fl_route, fl_tab, sh, 1,
-                  (uint32_t)it + 1, (unsigned *)NULL);
+                  (uint32_t)it + 1, (unsigned *)NULL, (unsigned long long *)NULL);
     if (rc != cudaSuccess) return rc;
     const sl_kscratch s = {io->h, io->hq, io->hd, io->cnt};
     const sl_kfuse f = {io->sync, io->part,           NULL,      io->out_f32,

@@ -759,6 +759,37 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
         cr_assert_eq(sl_gpu_moe_part(c, all, n_used, w, &err), 0, "%s", err.msg);
         cr_assert_eq(sl_gpu_moe_finish(c, od, fd, &err), 0, "%s", err.msg);
 
+        /* The same routing with a device tier that holds every even expert (one expert's
+         * weights in device memory for all of them) and no forced routing: the picks are
+         * router.c's, the started ranks those of even experts (the selection hands each
+         * pick the entry its thread read before the router's end). */
+        int dk = -1;
+        for (uint32_t k = 0; k < n_used; k++)
+            if (!host[k] && dk < 0) dk = (int)k;
+        if (dk >= 0) {
+            sl_gpu_t0e *even = calloc(ne, sizeof *even);
+            for (uint32_t e = 0; e < ne; e += 2)
+                even[e] = (sl_gpu_t0e){w[dk].gate, w[dk].up, w[dk].down};
+            void *ed = to_dev(c, even, sizeof *even * ne);
+            uint32_t want = 0;
+            for (uint32_t r = 0; r < n_used; r++) want |= (rwant.expert[r] % 2 == 0) << r;
+            for (int rep = 0; rep < 2; rep++) { /* twice: the tier's scratch is reused */
+                cr_assert_eq(sl_gpu_moe_shared(c, xd, &sh, &err), 0, "%s", err.msg);
+                cr_assert_eq(sl_gpu_route_start(c, xd, rwd, bd, ed, NULL, &err), 0, "%s", err.msg);
+                cr_assert_eq(sl_gpu_route_wait(c, &rgot, &started, &err), 0, "%s", err.msg);
+                for (uint32_t r = 0; r < n_used; r++) {
+                    cr_assert_eq(rgot.expert[r], rwant.expert[r], "tier: rank %u: expert %u vs %u",
+                                 r, rgot.expert[r], rwant.expert[r]);
+                    cr_assert_eq(memcmp(&rgot.weight[r], &rwant.weight[r], 4), 0,
+                                 "tier: rank %u weight", r);
+                }
+                cr_assert_eq(started, want, "tier: started 0x%x, want 0x%x", started, want);
+                cr_assert_eq(sl_gpu_moe_abort(c, &err), 0, "%s", err.msg);
+            }
+            sl_gpu_free(c, ed);
+            free(even);
+        }
+
         sl_gpu_t0e *tab = calloc(ne, sizeof *tab);
         uint32_t want_started = 0;
         for (uint32_t k = 0; k < n_used; k++)
