@@ -23,24 +23,25 @@
  * (bench/results/2026-11-30-moe.md). Weights in mapped host memory (the zero-copy
  * path): run 4's register-staged kernels, which keep >= 0.9 of the PCIe ceiling
  * (bench/results/2026-11-29-moe.md). */
-#define GU_NW   8    /* warps per CTA, register-staged gate/up */
-#define GU_PF   true /* prefetch the next row pair */
-#define GU_MINB 1    /* __launch_bounds__ min CTAs per SM, gate/up */
-#define BF_NW   8    /* BF16 shared expert and the plain router */
-#define RT_NW   4    /* warps (experts) per CTA, prefetching router */
-#define DN_T    1    /* 4-row tiles per CTA, register-staged down */
-#define GT_NG   2    /* warp groups per CTA, bulk-copy gate/up (2 CTAs an SM) */
-#define GT_NW   4    /* warps per group, bulk-copy gate/up */
-#define GT_TR   8    /* rows of gate (and of up) per stage */
-#define GT_ST   4    /* stages in flight per CTA (2 per group) */
-#define GT_STG  1    /* host-table gate/up: one stage a group first, the rest once it landed */
-#define DP_LPR  4    /* lanes per row (k_dot2_q3_k), bulk-copy down */
-#define DP_TD   8    /* output rows per tile (stage), bulk-copy down */
-#define DP_ST   2    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
-#define DP_NG   2    /* warp groups per CTA, persistent bulk-copy down */
-#define DP_UNR  2    /* packed down: two blocks' chains interleaved, 2 CTAs an SM kept */
-#define PK_RING 4    /* stages of Q3_K downs between the copy and their packing */
-#define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
+#define GU_NW    8    /* warps per CTA, register-staged gate/up */
+#define GU_PF    true /* prefetch the next row pair */
+#define GU_MINB  1    /* __launch_bounds__ min CTAs per SM, gate/up */
+#define BF_NW    8    /* BF16 shared expert and the plain router */
+#define RT_NW    4    /* warps (experts) per CTA, prefetching router */
+#define DN_T     1    /* 4-row tiles per CTA, register-staged down */
+#define GT_NG    2    /* warp groups per CTA, bulk-copy gate/up (2 CTAs an SM) */
+#define GT_NW    4    /* warps per group, bulk-copy gate/up */
+#define GT_TR    8    /* rows of gate (and of up) per stage */
+#define GT_ST    4    /* stages in flight per CTA (2 per group) */
+#define GT_STG   1    /* host-table gate/up: one stage a group first, the rest once it landed */
+#define DP_LPR   4    /* lanes per row (k_dot2_q3_k), bulk-copy down */
+#define DP_TD    8    /* output rows per tile (stage), bulk-copy down */
+#define DP_ST    2    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
+#define DP_NG    2    /* warp groups per CTA, persistent bulk-copy down */
+#define DP_UNR   2    /* packed down: two blocks' chains interleaved, 2 CTAs an SM kept */
+#define DP_SPLIT true /* packed down: a CTA's odd last tile shared by its two groups */
+#define PK_RING  4    /* stages of Q3_K downs between the copy and their packing */
+#define RT_C     24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
@@ -219,13 +220,15 @@ static decltype(&k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gtd_kernel(b
 /* The bulk-copy down on packed blocks (device memory), recording milestones or not; raw:
  * on raw GGUF blocks (a down in host memory after sl_gpu_moe_down_early), no milestones. */
 static decltype(&k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, DP_TD * DP_LPR == 32, false,
-                                SL_Q3K_PACKED, DP_UNR>)
+                                SL_Q3K_PACKED, DP_UNR, DP_SPLIT>)
 dp_kernel(bool stamp, bool raw = false)
 {
     constexpr bool EI = DP_TD * DP_LPR == 32;
     if (raw) return k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, false, 110>;
-    return stamp ? k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, true, SL_Q3K_PACKED, DP_UNR>
-                 : k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, false, SL_Q3K_PACKED, DP_UNR>;
+    return stamp ? k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, true, SL_Q3K_PACKED, DP_UNR,
+                                  DP_SPLIT>
+                 : k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, false, SL_Q3K_PACKED, DP_UNR,
+                                  DP_SPLIT>;
 }
 
 /* The bulk-copy down's grid for n experts: persistent (ST > 1), as many CTAs as fit;

@@ -1047,8 +1047,9 @@ __device__ __forceinline__ void k_quant_h_last(const sl_kscratch &s, int slot, u
     if (lane == 0) s.hd[g] = d;
 }
 
-/* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (QH, a bench
- * variant: and its q8_1, k_quant_h_last; else k_quant_h follows). Persistent: CTA c
+/* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (QH: and its
+ * q8_1, k_quant_h_last, the warp of each unit after it (1) or the CTA's warps, a unit
+ * each, at its end (2); else k_quant_h follows). Persistent: CTA c
  * takes the units u = c, c + grid, ..., a unit being rows [r0, r0 + TR) of gate and up
  * of one expert, ST units in flight. NG groups of NW warps compute NG units at once
  * (group G the CTA's units k = G mod NG, with its own named barrier), so that more
@@ -1064,7 +1065,7 @@ __device__ __forceinline__ void k_quant_h_last(const sl_kscratch &s, int slot, u
  * milestones (s.stamps). TR % 4 == 0 keeps a tile a multiple of 16 bytes for every
  * dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
 template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, bool STG, bool STAMP,
-          bool QH = false>
+          int QH = 0>
 __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst,
                                                   const sl_ktab *tabp, const unsigned *tab_seq,
                                                   unsigned seq, const sl_kexp &sh, int sh_first,
@@ -1186,17 +1187,25 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
         else
             k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane, ex, h, limit,
                                            stage_free);
-        if (QH && warp == NW - 1) k_quant_h_last<TR>(s, ex.slot, inter, r0, lane);
+        if (QH == 1 && warp == NW - 1) k_quant_h_last<TR>(s, ex.slot, inter, r0, lane);
         k_stamp_unit(rec, i, 1);
+    }
+    if (QH == 2) { /* at the CTA's end: warp w counts the CTA's units w, w + 8, ... */
+        __syncthreads();
+        for (uint32_t k = threadIdx.x >> 5; blockIdx.x + k * grid < units; k += NG * NW) {
+            const uint32_t u = blockIdx.x + k * grid;
+            k_quant_h_last<TR>(s, tab.e[(u / tpe + rot) % tab.n].slot, inter, (u % tpe) * TR, lane);
+        }
     }
     k_stamp_end(rec, i);
     if (tab_seq) k_pdl_wait(); /* the selection's end comes before this kernel's */
 }
 
 /* STAMP: the form that records milestones (s.stamps); the others have no trace of them.
- * QH: h's q8_1 too (s.cnt zero at launch, and left so; a bench variant). */
+ * QH: h's q8_1 too (s.cnt zero at launch, and left so), counted after each unit (1) or
+ * at the CTA's end (2). */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
-          bool STAMP = false, bool QH = false>
+          bool STAMP = false, int QH = 0>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                       uint32_t dim, uint32_t inter, float limit,
@@ -1474,12 +1483,15 @@ __device__ __forceinline__ void k_mma2_q3_k(const uint8_t *tile, uint32_t rb,
     }
 }
 
-/* Block b of k_dot2_q3_k's lane (its masks and selectors as named there), into acc. */
-template <int BB>
-__device__ __forceinline__ void
-k_dot2_block(const uint8_t *row, const int8_t *__restrict__ aq, const float *__restrict__ ad,
-             uint32_t b, int j, int q, int g, uint32_t mq0, uint32_t mq1, uint32_t mh0,
-             uint32_t mh1, uint32_t sel_lo, uint32_t sel_hi, int ns, float (&acc)[2])
+/* Block b of k_dot2_q3_k's lane (its masks and selectors as named there), into acc; PART:
+ * its two steps' operands instead, (d * isum, d8) of group i at part[32 * i] (another
+ * warp's chain takes them: sl_emu_q3_k_step's bits). */
+template <int BB, bool PART = false>
+__device__ __forceinline__ void k_dot2_block(const uint8_t *row, const int8_t *__restrict__ aq,
+                                             const float *__restrict__ ad, uint32_t b, int j, int q,
+                                             int g, uint32_t mq0, uint32_t mq1, uint32_t mh0,
+                                             uint32_t mh1, uint32_t sel_lo, uint32_t sel_hi, int ns,
+                                             float (&acc)[2], float2 *part = nullptr)
 {
     const uint8_t *blk = row + BB * b;
     uint32_t hm[8], qw[8], sw[3];
@@ -1525,8 +1537,12 @@ k_dot2_block(const uint8_t *row, const int8_t *__restrict__ aq, const float *__r
     for (int i = 0; i < 2; i++) {
         const int s0 = (int)((sc >> (16 * i)) & 63u) - 32;
         const int s1 = (int)((sc >> (16 * i + 8)) & 63u) - 32;
-        acc[i] = sl_emu_q3_k_step(acc[i], d, s0 * c[2 * i] + s1 * c[2 * i + 1],
-                                  __ldg(ad + 8 * b + g + 2 * i));
+        const int isum = s0 * c[2 * i] + s1 * c[2 * i + 1];
+        const float d8 = __ldg(ad + 8 * b + g + 2 * i);
+        if (PART)
+            part[32 * i] = make_float2(sl_emu_mul(d, (float)isum), d8);
+        else
+            acc[i] = sl_emu_q3_k_step(acc[i], d, isum, d8);
     }
 }
 
@@ -1536,10 +1552,10 @@ k_dot2_block(const uint8_t *row, const int8_t *__restrict__ aq, const float *__r
  * scale words (shifts 2q and 2q + 4), which halves the shared-memory loads and
  * realignments of k_dot_q3_k per weight. UNR 2: two blocks' chains interleave (a lone
  * tile's latency; acc still takes them in increasing b). */
-template <int BB = 110, int UNR = 1>
-__device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__restrict__ aq,
-                                            const float *__restrict__ ad, uint32_t nb, int sub,
-                                            float (&acc)[2])
+template <int BB = 110, int UNR = 1, bool PART = false>
+__device__ __forceinline__ void
+k_dot2_q3_k(const uint8_t *row, const int8_t *__restrict__ aq, const float *__restrict__ ad,
+            uint32_t nb, int sub, float (&acc)[2], uint32_t b0 = 0, float2 *part = nullptr)
 {
     static_assert(BB == 110 || BB == SL_Q3K_PACKED, "a raw or a packed Q3_K block");
     const int j = sub >> 1, q = sub & 1, g = 4 * j + q; /* groups g and g + 2 */
@@ -1555,7 +1571,11 @@ __device__ __forceinline__ void k_dot2_q3_k(const uint8_t *row, const int8_t *__
     const int ns = 4 * j;
     acc[0] = 0.0f;
     acc[1] = 0.0f;
-    if (UNR == 2) {
+    if (PART) { /* blocks b0 .. nb - 1: their steps' operands, 64 float2 apart a block */
+        for (uint32_t b = b0; b < nb; b++)
+            k_dot2_block<BB, true>(row, aq, ad, b, j, q, g, mq0, mq1, mh0, mh1, sel_lo, sel_hi, ns,
+                                   acc, part + 64 * (b - b0));
+    } else if (UNR == 2) {
 #pragma unroll 2
         for (uint32_t b = 0; b < nb; b++)
             k_dot2_block<BB>(row, aq, ad, b, j, q, g, mq0, mq1, mh0, mh1, sel_lo, sel_hi, ns, acc);
@@ -1581,7 +1601,8 @@ __device__ __forceinline__ float k_comb22(float (&a)[2])
  * k_dot2_q3_k), a group of n*TD*LPR threads (warp-aligned: TD*LPR % 32 == 0), the
  * bf16-rounded outputs meet in shared memory and TD threads of the group add them in
  * table order (increasing expert id), then `extra`. blockDim = NG*n*TD*LPR. */
-template <int LPR, int TD, int ST, int NG, bool MMA, bool EI, bool STAMP, int BB = 110, int UNR = 1>
+template <int LPR, int TD, int ST, int NG, bool MMA, bool EI, bool STAMP, int BB = 110, int UNR = 1,
+          bool SPLIT = false>
 __device__ __forceinline__ void
 k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *__restrict__ hd,
                uint32_t dim, uint32_t inter, const float *__restrict__ extra,
@@ -1595,6 +1616,8 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
     static_assert(!EI || (!MMA && TD * LPR == 32), "early refill: a warp an expert's rows");
     static_assert(BB == 110 || (BB == SL_Q3K_PACKED && !MMA && LPR == 4),
                   "packed blocks: the dp4a form of 4 lanes a row");
+    static_assert(!SPLIT || (EI && LPR == 4 && ST == 2 && NG == 2),
+                  "a shared last tile: two groups, a stage each, a warp an expert");
     __shared__ float2 red[MMA ? SL_GPU_MAX_USED : 1][32]; /* mma: the h = 1 warps' sums */
     extern __shared__ int4 k_smem[];
     __shared__ float ys[NG][2][SL_GPU_MAX_USED][TD];
@@ -1631,7 +1654,17 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
     const int hs = e < n ? tab.e[e].slot : 0; /* the expert's row of h */
     const int8_t *aq = hq + (size_t)hs * inter;
     const float *adp = hd + (size_t)hs * (inter / 32);
-    uint32_t i = 0; /* the group's tiles done */
+    /* SPLIT: when the CTA has an odd count of tiles, group 0's last one would run alone
+     * (the down's longest stretch: one tile's chains of nb blocks on an idle SM), so
+     * group 1 takes its blocks bs.. : their steps' operands (k_dot2_block's PART) go to
+     * group 1's stage, free by then, and group 0 runs blocks 0 .. bs - 1 and then those
+     * steps, in order (the same bits). */
+    const uint32_t kt = blockIdx.x < tiles ? (tiles - blockIdx.x + grid - 1) / grid : 0;
+    const bool split = SPLIT && (kt & 1);
+    const uint32_t bs = nb / 2;
+    float2 *pscr = (float2 *)(stage + (size_t)n * cap) + (size_t)(in >> 5) * 64 * (nb - bs) +
+                   (in & 31); /* warp e's operands: [block][group of the lane][lane] */
+    uint32_t i = 0;           /* the group's tiles done */
     for (uint32_t k = grp; blockIdx.x + k * grid < tiles; k += NG, i++) {
         const uint32_t t = blockIdx.x + k * grid;
         const uint32_t off = (uint32_t)(((size_t)t * TD * rb) & 15);
@@ -1663,7 +1696,17 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
                 a = k_butterfly(k_dot_q3_k(row, aq, adp, nb, sub), 4);
             } else {
                 float acc[2];
-                k_dot2_q3_k<BB, UNR>(row, aq, adp, nb, sub, acc);
+                if (SPLIT && split && k == kt - 1) {
+                    k_dot2_q3_k<BB, UNR>(row, aq, adp, bs, sub, acc);
+                    asm volatile("bar.sync 3, %0;\n" ::"r"(2 * gsz) : "memory");
+                    for (uint32_t b = 0; b < nb - bs; b++)
+#pragma unroll
+                        for (int q = 0; q < 2; q++) {
+                            const float2 o = pscr[64 * b + 32 * q];
+                            acc[q] = sl_emu_fma(o.y, o.x, acc[q]); /* sl_emu_q3_k_step */
+                        }
+                } else
+                    k_dot2_q3_k<BB, UNR>(row, aq, adp, nb, sub, acc);
                 a = k_comb22(acc);
             }
             if (EI) { /* the expert's slot is its warp's alone: refill it before the
@@ -1698,6 +1741,15 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
         }
         k_stamp_unit(rec, i, 1);
     }
+    if (SPLIT && split && grp == 1) { /* group 0's last tile, blocks bs .. nb - 1 */
+        const uint32_t k = kt - 1, t = blockIdx.x + k * grid;
+        const uint32_t off = (uint32_t)(((size_t)t * TD * rb) & 15);
+        k_mbar_wait(&bar[k % ST][e], (k / ST) & 1);
+        const uint8_t *row = stage + (size_t)(k % ST) * n * cap + (size_t)e * cap + off + r * rb;
+        float acc[2];
+        k_dot2_q3_k<BB, UNR, true>(row, aq, adp, nb, sub, acc, bs, pscr);
+        asm volatile("bar.arrive 3, %0;\n" ::"r"(2 * gsz) : "memory");
+    }
     k_stamp_end(rec, i);
 }
 
@@ -1705,7 +1757,7 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
  * stage as soon as it is done with it; else thread 0 refills the stage after the group's
  * barrier (bench/results/2026-12-01-s8-stalls.md). */
 template <int LPR, int TD, int ST, int NG, bool EI = TD *LPR == 32, bool STAMP = false,
-          int BB = 110, int UNR = 1>
+          int BB = 110, int UNR = 1, bool SPLIT = false>
 __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR, 2)
     k_down_pt_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
                    const float *__restrict__ hd, uint32_t dim, uint32_t inter,
@@ -1713,8 +1765,8 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR, 2)
                    uint16_t *__restrict__ out_bf16, float *__restrict__ part,
                    unsigned long long *stamps)
 {
-    k_down_pt_body<LPR, TD, ST, NG, false, EI, STAMP, BB, UNR>(tab, hq, hd, dim, inter, extra,
-                                                               out_f32, out_bf16, part, stamps);
+    k_down_pt_body<LPR, TD, ST, NG, false, EI, STAMP, BB, UNR, SPLIT>(
+        tab, hq, hd, dim, inter, extra, out_f32, out_bf16, part, stamps);
 }
 
 /* The mma form (LPR 4, TD 16): 64 registers, so that 2 CTAs fit an SM. */

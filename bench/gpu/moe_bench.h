@@ -63,8 +63,8 @@ int mb_ptr_kind(const void *p, int n);
  * until session 9, and until session 10 (raw blocks; the last variant). */
 #define MB_V_MAPPED  0
 #define MB_V_SHIPPED 1
-#define MB_V_S9      5
-#define MB_V_BEFORE  40
+#define MB_V_S9      7
+#define MB_V_BEFORE  42
 
 int mb_variant_count(void);
 const char *mb_variant_name(int v);

@@ -142,6 +142,7 @@ enum {
     G_T4x2_8_4_PF,  /* ... prefetching the downs into L2 as its CTAs run out of units */
     G_T4x2_8_4_STG, /* ... one stage a group queued at first, the others once it landed */
     G_T4x2_8_4_QH,  /* ... and h's q8_1 by the unit that completes a group (no k_quant_h) */
+    G_T4x2_8_4_QH2, /* ... counted at each CTA's end */
     G_T4x4_8_4,
     G_T8x2_16_2,
     G_T4x2_8_2,
@@ -172,9 +173,10 @@ enum {
     D_P4_8_2_2L, /* the stage refilled after the group's barrier (before session 8) */
     D_P4_8_1_1,
     D_M2_16_1_1,
-    D_P4_8_2_2_PK,  /* D_P4_8_2_2 on packed Q3_K blocks (mb_set.down_pk) */
-    D_P4_8_2_2_PK2, /* ... two blocks' chains interleaved (compute/'s DP_UNR 2) */
-    D_FUSED         /* none: the gate/up launch is the fused layer kernel */
+    D_P4_8_2_2_PK,   /* D_P4_8_2_2 on packed Q3_K blocks (mb_set.down_pk) */
+    D_P4_8_2_2_PK2,  /* ... two blocks' chains interleaved (compute/'s DP_UNR 2) */
+    D_P4_8_2_2_PK2S, /* ... a CTA's odd last tile shared by its two groups (blocks split) */
+    D_FUSED          /* none: the gate/up launch is the fused layer kernel */
 };
 
 struct variant {
@@ -186,14 +188,21 @@ struct variant {
 static const variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
     {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed 112-byte Q3_K blocks, 2 "
-     "blocks interleaved, PDL (compute, device weights)",
-     G_T4x2_8_4_STG, D_P4_8_2_2_PK2, true},
+     "blocks interleaved, a CTA's odd last tile shared by its groups, PDL (compute, device "
+     "weights)",
+     G_T4x2_8_4_STG, D_P4_8_2_2_PK2S, true},
     {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed blocks, a block at a "
      "time, PDL",
      G_T4x2_8_4_STG, D_P4_8_2_2_PK, true},
+    {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed blocks, 2 blocks "
+     "interleaved, PDL (compute until session 11)",
+     G_T4x2_8_4_STG, D_P4_8_2_2_PK2, true},
     {"gt 2x NW4 TR8 ST4, staggered start, q8_1 of h by the unit completing a group (no "
      "quant_h) + dp LPR4 TD8 ST2 2x on packed blocks, 2 blocks interleaved, PDL",
      G_T4x2_8_4_QH, D_P4_8_2_2_PK2, true},
+    {"gt 2x NW4 TR8 ST4, staggered start, q8_1 of h counted at each CTA's end (no quant_h) + dp "
+     "LPR4 TD8 ST2 2x on packed blocks, 2 blocks interleaved, PDL",
+     G_T4x2_8_4_QH2, D_P4_8_2_2_PK2, true},
     {"gt 2x NW4 TR8 ST4, L2 prefetch of the downs + dp LPR4 TD8 ST2 2x, PDL", G_T4x2_8_4_PF,
      D_P4_8_2_2, true},
     {"gt 2x NW4 TR8 ST4 + dp LPR4 TD8 ST2 2x, PDL (compute until session 9)", G_T4x2_8_4,
@@ -259,7 +268,7 @@ extern "C" const char *mb_variant_name(int v)
 }
 
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
-          bool QH = false>
+          int QH = 0>
 static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
@@ -357,15 +366,15 @@ static cudaError_t dt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
 
 /* The persistent down: as many CTAs as fit (ST 1: one CTA per tile). */
 template <int LPR, int TD, int ST, int NG, bool MMA = false, bool EI = TD *LPR == 32, int BB = 110,
-          int UNR = 1>
+          int UNR = 1, bool SPLIT = false>
 static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
     /* fs: the form that records milestones (io->dn_st; the mma form has none) */
     constexpr auto fn = MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn
-                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, false, BB, UNR>;
+                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, false, BB, UNR, SPLIT>;
     constexpr auto fs = MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn
-                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, true, BB, UNR>;
+                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, true, BB, UNR, SPLIT>;
     const size_t smem = k_dpt_smem(tab.n, io->inter, TD, ST, BB);
     const uint32_t threads = k_dpt_threads(tab.n, LPR, TD, NG);
     static int occ = 0; /* bench only: set once per instantiation */
@@ -379,9 +388,9 @@ static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, threads, smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
-        printf("  [down pt%s%s%s LPR %d TD %d ST %d NG %d: %d CTAs/SM, %u threads, smem %zu]\n",
-               MMA ? " mma" : "", EI ? " early refill" : "", BB == 110 ? "" : " packed", LPR, TD,
-               ST, NG, occ, threads, smem);
+        printf("  [down pt%s%s%s%s LPR %d TD %d ST %d NG %d: %d CTAs/SM, %u threads, smem %zu]\n",
+               MMA ? " mma" : "", EI ? " early refill" : "", BB == 110 ? "" : " packed",
+               SPLIT ? " split last tile" : "", LPR, TD, ST, NG, occ, threads, smem);
     }
     const uint32_t tiles = io->dim / TD;
     uint32_t grid = ST == 1 ? tiles : (uint32_t)(occ * n_sm);
@@ -528,7 +537,10 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
             rc = gt_launch<4, 8, 4, 2, false, false, true>(io, tab, s, n_sm, V.pdl);
             break;
         case G_T4x2_8_4_QH:
-            rc = gt_launch<4, 8, 4, 2, false, false, true, true>(io, tab, s, n_sm, V.pdl);
+            rc = gt_launch<4, 8, 4, 2, false, false, true, 1>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T4x2_8_4_QH2:
+            rc = gt_launch<4, 8, 4, 2, false, false, true, 2>(io, tab, s, n_sm, V.pdl);
             break;
         case G_T4x4_8_4:
             rc = gt_launch<4, 8, 4, 4>(io, tab, s, n_sm, V.pdl);
@@ -581,6 +593,8 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         return dp_launch<4, 8, 2, 2, false, true, SL_Q3K_PACKED>(io, tab, s, n_sm, V.pdl);
     case D_P4_8_2_2_PK2:
         return dp_launch<4, 8, 2, 2, false, true, SL_Q3K_PACKED, 2>(io, tab, s, n_sm, V.pdl);
+    case D_P4_8_2_2_PK2S:
+        return dp_launch<4, 8, 2, 2, false, true, SL_Q3K_PACKED, 2, true>(io, tab, s, n_sm, V.pdl);
     default:
         return dn2_launch<1>(io, tab, s);
     }
@@ -657,7 +671,8 @@ static cudaError_t fl_one(int v, const mb_layer *L, int it, int n_sm)
 
 extern "C" int mb_variant_packed(int v)
 {
-    return variants[v].dn == D_P4_8_2_2_PK || variants[v].dn == D_P4_8_2_2_PK2;
+    return variants[v].dn == D_P4_8_2_2_PK || variants[v].dn == D_P4_8_2_2_PK2 ||
+           variants[v].dn == D_P4_8_2_2_PK2S;
 }
 
 extern "C" int mb_variant_fused(int v)
