@@ -2381,11 +2381,20 @@ __global__ void __launch_bounds__(NW * 32)
     k_pdl_wait();
     k_pdl_go();
     k_stamp(rec, 1);
-    /* x widened into shared memory, 8 values a 16-byte load, the loads of a thread
-     * issued together (one latency, not one per element) */
-#pragma unroll 4
-    for (uint32_t i = threadIdx.x; i < dim / 8; i += NW * 32) {
-        const int4 q = *(const int4 *)(x + 8 * i);
+    /* x widened into shared memory, 8 values a 16-byte load, all the loads of a thread
+     * issued before the first store (one latency: dim <= 256 C) */
+    constexpr int XL = (32 * C + NW * 32 - 1) / (NW * 32); /* 16-byte loads a thread */
+    int4 xv[XL];
+#pragma unroll
+    for (int l = 0; l < XL; l++) {
+        const uint32_t i = threadIdx.x + l * NW * 32;
+        if (i < dim / 8) xv[l] = *(const int4 *)(x + 8 * i);
+    }
+#pragma unroll
+    for (int l = 0; l < XL; l++) {
+        const uint32_t i = threadIdx.x + l * NW * 32;
+        if (i >= dim / 8) break;
+        const int4 q = xv[l];
         const uint32_t u[4] = {(uint32_t)q.x, (uint32_t)q.y, (uint32_t)q.z, (uint32_t)q.w};
         float4 lo, hi;
         lo.x = sl_emu_float(u[0] << 16), lo.y = sl_emu_float(u[0] & 0xffff0000u);
