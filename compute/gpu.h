@@ -279,9 +279,9 @@ typedef struct sl_gpu_probe {
 
 /* rt_stamps (sl_gpu_route_start's kernels, %globaltimer ns): the selection's thread 0
  * at [SL_GPU_RT_SEL_*]: entry, past its wait for the router, scores and warp maxima
- * done, picks ranked, the device tier's entries read, table published, end (the
- * host's picks written); the router's CTA c at SL_GPU_RT_ROUTER + 4c: entry, past its
- * wait for the kernel before, end. */
+ * done, picks ranked, the picks' weights, slots and device-tier entries known, table
+ * published, end (the host's picks written); the router's CTA c at SL_GPU_RT_ROUTER +
+ * 4c: entry, past its wait for the kernel before, end. */
 enum {
     SL_GPU_RT_SEL_ENTRY,
     SL_GPU_RT_SEL_WAITED,

@@ -23,25 +23,25 @@
  * (bench/results/2026-11-30-moe.md). Weights in mapped host memory (the zero-copy
  * path): run 4's register-staged kernels, which keep >= 0.9 of the PCIe ceiling
  * (bench/results/2026-11-29-moe.md). */
-#define GU_NW    8    /* warps per CTA, register-staged gate/up */
-#define GU_PF    true /* prefetch the next row pair */
-#define GU_MINB  1    /* __launch_bounds__ min CTAs per SM, gate/up */
-#define BF_NW    8    /* BF16 shared expert and the plain router */
-#define RT_NW    4    /* warps (experts) per CTA, prefetching router */
-#define DN_T     1    /* 4-row tiles per CTA, register-staged down */
-#define GT_NG    2    /* warp groups per CTA, bulk-copy gate/up (2 CTAs an SM) */
-#define GT_NW    4    /* warps per group, bulk-copy gate/up */
-#define GT_TR    8    /* rows of gate (and of up) per stage */
-#define GT_ST    4    /* stages in flight per CTA (2 per group) */
-#define GT_STG   1    /* host-table gate/up: one stage a group first, the rest once it landed */
-#define DP_LPR   4    /* lanes per row (k_dot2_q3_k), bulk-copy down */
-#define DP_TD    8    /* output rows per tile (stage), bulk-copy down */
-#define DP_ST    2    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
-#define DP_NG    2    /* warp groups per CTA, persistent bulk-copy down */
-#define DP_UNR   2    /* packed down: two blocks' chains interleaved, 2 CTAs an SM kept */
-#define DP_SPLIT true /* packed down: a CTA's odd last tile shared by its two groups */
-#define PK_RING  4    /* stages of Q3_K downs between the copy and their packing */
-#define RT_C     24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
+#define GU_NW    8     /* warps per CTA, register-staged gate/up */
+#define GU_PF    true  /* prefetch the next row pair */
+#define GU_MINB  1     /* __launch_bounds__ min CTAs per SM, gate/up */
+#define BF_NW    8     /* BF16 shared expert and the plain router */
+#define RT_NW    4     /* warps (experts) per CTA, prefetching router */
+#define DN_T     1     /* 4-row tiles per CTA, register-staged down */
+#define GT_NG    2     /* warp groups per CTA, bulk-copy gate/up (2 CTAs an SM) */
+#define GT_NW    4     /* warps per group, bulk-copy gate/up */
+#define GT_TR    8     /* rows of gate (and of up) per stage */
+#define GT_ST    4     /* stages in flight per CTA (2 per group) */
+#define GT_STG   1     /* host-table gate/up: one stage a group first, the rest once it landed */
+#define DP_LPR   4     /* lanes per row (k_dot2_q3_k), bulk-copy down */
+#define DP_TD    8     /* output rows per tile (stage), bulk-copy down */
+#define DP_ST    2     /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
+#define DP_NG    2     /* warp groups per CTA, persistent bulk-copy down */
+#define DP_UNR   2     /* packed down: two blocks' chains interleaved, 2 CTAs an SM kept */
+#define DP_SPLIT false /* packed down: a CTA's odd last tile alone (shared: a bench variant) */
+#define PK_RING  4     /* stages of Q3_K downs between the copy and their packing */
+#define RT_C     24    /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
@@ -347,7 +347,9 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
 
 /* Router logits of x into logits (device-visible): the prefetching kernel, which
  * overlaps its weight loads with the kernel before it, where its registers hold a row
- * share. With ximg, x is also quantized there for the bulk-copy gate/up. */
+ * share. With ximg, x is also quantized there for the bulk-copy gate/up. Both forms
+ * let the next kernel start only once the kernel before them has completed (the
+ * selection relies on it: launch_select). */
 static cudaError_t launch_router(const sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w,
                                  float *logits, uint8_t *ximg)
 {
@@ -768,7 +770,10 @@ extern "C" int sl_gpu_t0_set(sl_gpu_ctx *c, sl_gpu_t0e *table, const uint32_t *i
     return 0;
 }
 
-/* The selection kernel on logits_dev, writing kroute and (t0) tab_dev. */
+/* The selection kernel on logits_dev, writing kroute and (t0) tab_dev. It reads the
+ * device tier's entries before its wait for the router: right after launch_router (no
+ * kernel or stream operation between them), whose every CTA waits for the kernel
+ * before it (k_t0_set's updates, the norm) before it lets the selection start. */
 static cudaError_t launch_select(sl_gpu_ctx *c, const float *bias, const sl_gpu_t0e *t0,
                                  const sl_moe_route *forced, int with_sh)
 {

@@ -1074,6 +1074,7 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
 {
     static_assert(ST % NG == 0, "stages are split evenly between the groups");
     static_assert(!MMA || (NW == 8 && TR == 16), "mma: 2 tiles x 4 block sets = 8 warps");
+    static_assert(!(MMA && QH == 1), "the mma unit writes h after its last barrier");
     extern __shared__ int4 k_smem[];
     int8_t *aq = (int8_t *)k_smem;             /* [dim + dim/8] padded codes */
     float *ad = (float *)(aq + dim + dim / 8); /* [dim/32] */
@@ -1190,7 +1191,7 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
         if (QH == 1 && warp == NW - 1) k_quant_h_last<TR>(s, ex.slot, inter, r0, lane);
         k_stamp_unit(rec, i, 1);
     }
-    if (QH == 2) { /* at the CTA's end: warp w counts the CTA's units w, w + 8, ... */
+    if (QH == 2) { /* at the CTA's end: warp w counts the CTA's units w, w + NG * NW, ... */
         __syncthreads();
         for (uint32_t k = threadIdx.x >> 5; blockIdx.x + k * grid < units; k += NG * NW) {
             const uint32_t u = blockIdx.x + k * grid;
@@ -1622,6 +1623,7 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
     extern __shared__ int4 k_smem[];
     __shared__ float ys[NG][2][SL_GPU_MAX_USED][TD];
     __shared__ uint64_t bar[ST][SL_GPU_MAX_USED]; /* one an expert: its warps start as it lands */
+    __shared__ volatile uint32_t seen[SPLIT ? SL_GPU_MAX_USED : 1]; /* group 0's tile k landed */
     const uint32_t rb = inter / 256 * BB, nb = inter / 256, cap = k_dpt_cap(inter, TD, BB);
     const uint32_t tiles = dim / TD, grid = gridDim.x;
     const int n = tab.n, gsz = n * TD * LPR;
@@ -1649,6 +1651,7 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
         issue(k);
         return true;
     });
+    if (SPLIT && threadIdx.x < SL_GPU_MAX_USED) seen[threadIdx.x] = ~0u;
     k_stamp(rec, 1);
     __syncthreads();                          /* the barriers are initialised */
     const int hs = e < n ? tab.e[e].slot : 0; /* the expert's row of h */
@@ -1656,19 +1659,23 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
     const float *adp = hd + (size_t)hs * (inter / 32);
     /* SPLIT: when the CTA has an odd count of tiles, group 0's last one would run alone
      * (the down's longest stretch: one tile's chains of nb blocks on an idle SM), so
-     * group 1 takes its blocks bs.. : their steps' operands (k_dot2_block's PART) go to
-     * group 1's stage, free by then, and group 0 runs blocks 0 .. bs - 1 and then those
-     * steps, in order (the same bits). */
+     * group 1 takes its blocks nb / 2 ..: their steps' operands (k_dot2_block's PART) go
+     * to group 1's stage, free by then (its last refill asked for tile kt, which does not
+     * exist), and group 0 runs blocks 0 .. nb / 2 - 1 and then those steps, in order
+     * (the same bits). Group 0 tells its warps' last tile landed through seen[] (group 1
+     * never waited on group 0's stage, so the mbarrier's parity alone could match a
+     * phase two tiles old), group 1 that the operands are written by named barrier 3. */
     const uint32_t kt = blockIdx.x < tiles ? (tiles - blockIdx.x + grid - 1) / grid : 0;
-    const bool split = SPLIT && (kt & 1);
-    const uint32_t bs = nb / 2;
-    float2 *pscr = (float2 *)(stage + (size_t)n * cap) + (size_t)(in >> 5) * 64 * (nb - bs) +
-                   (in & 31); /* warp e's operands: [block][group of the lane][lane] */
-    uint32_t i = 0;           /* the group's tiles done */
+    const uint32_t kl = SPLIT && (kt & 1) ? kt - 1 : ~0u; /* the shared tile, if any */
+    /* warp e's operands in stage 1: [block - nb / 2][group of the lane][lane] */
+    float2 *const pscr =
+        (float2 *)(stage + (size_t)n * cap) + (size_t)(in >> 5) * 64 * (nb - nb / 2) + (in & 31);
+    uint32_t i = 0; /* the group's tiles done */
     for (uint32_t k = grp; blockIdx.x + k * grid < tiles; k += NG, i++) {
         const uint32_t t = blockIdx.x + k * grid;
         const uint32_t off = (uint32_t)(((size_t)t * TD * rb) & 15);
         k_mbar_wait(&bar[k % ST][e], (k / ST) & 1);
+        if (SPLIT && grp == 0 && (in & 31) == 0) seen[e] = k; /* for group 1 (SPLIT) */
         k_stamp_unit(rec, i, 0);
         const uint8_t *row = stage + (size_t)(k % ST) * n * cap + (size_t)e * cap + off + r * rb;
         float(*y)[TD] = ys[grp][(k / NG) & 1]; /* rewritten 2 tiles later, after a barrier */
@@ -1696,10 +1703,10 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
                 a = k_butterfly(k_dot_q3_k(row, aq, adp, nb, sub), 4);
             } else {
                 float acc[2];
-                if (SPLIT && split && k == kt - 1) {
-                    k_dot2_q3_k<BB, UNR>(row, aq, adp, bs, sub, acc);
+                if (SPLIT && k == kl) {
+                    k_dot2_q3_k<BB, UNR>(row, aq, adp, nb / 2, sub, acc);
                     asm volatile("bar.sync 3, %0;\n" ::"r"(2 * gsz) : "memory");
-                    for (uint32_t b = 0; b < nb - bs; b++)
+                    for (uint32_t b = 0; b < nb - nb / 2; b++)
 #pragma unroll
                         for (int q = 0; q < 2; q++) {
                             const float2 o = pscr[64 * b + 32 * q];
@@ -1741,13 +1748,15 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
         }
         k_stamp_unit(rec, i, 1);
     }
-    if (SPLIT && split && grp == 1) { /* group 0's last tile, blocks bs .. nb - 1 */
-        const uint32_t k = kt - 1, t = blockIdx.x + k * grid;
+    if (SPLIT && kl != ~0u && grp == 1) { /* group 0's last tile, blocks nb / 2 .. nb - 1 */
+        const uint32_t k = kl, t = blockIdx.x + k * grid;
         const uint32_t off = (uint32_t)(((size_t)t * TD * rb) & 15);
+        while (seen[e] != k) { /* group 0's warp e saw the tile land, so this parity */
+        }                      /* can only mean its phase */
         k_mbar_wait(&bar[k % ST][e], (k / ST) & 1);
         const uint8_t *row = stage + (size_t)(k % ST) * n * cap + (size_t)e * cap + off + r * rb;
         float acc[2];
-        k_dot2_q3_k<BB, UNR, true>(row, aq, adp, nb, sub, acc, bs, pscr);
+        k_dot2_q3_k<BB, UNR, true>(row, aq, adp, nb, sub, acc, nb / 2, pscr);
         asm volatile("bar.arrive 3, %0;\n" ::"r"(2 * gsz) : "memory");
     }
     k_stamp_end(rec, i);
@@ -2488,6 +2497,7 @@ __global__ void __launch_bounds__(1024)
         f_wt = forced->weight[e];
     }
     if (e == 0) n_cand = 0;
+    if (e < k) t0s[e] = (sl_gpu_t0e){NULL, NULL, NULL}; /* a pick no thread owns */
     unsigned long long *rec = stamps && e == 0 ? stamps : nullptr;
     k_stamp(rec, SL_GPU_RT_SEL_ENTRY);
     /* wait first, then let the gate/up start: the gate/up reads the router's x image
@@ -2536,7 +2546,7 @@ __global__ void __launch_bounds__(1024)
     k_stamp(rec, SL_GPU_RT_SEL_RANKED);
     if (forced && e < k) pick[e] = f_ex;
     if (t0) { /* each pick's device-tier entry, from the thread that read it */
-        __syncthreads();
+        if (forced) __syncthreads(); /* the forced picks are in place */
         for (uint32_t r = 0; r < k; r++)
             if (pick[r] == e) t0s[r] = mine_t0;
     }

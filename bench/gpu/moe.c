@@ -277,7 +277,7 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
                                                              "past its wait (the router)",
                                                              "scores, warp maxima",
                                                              "picks ranked",
-                                                             "device tier's entries read",
+                                                             "weights, slots, device-tier entries",
                                                              "table published",
                                                              "end (host's picks written)"};
     for (int k = 0; k <= SL_GPU_RT_SEL_END; k++)

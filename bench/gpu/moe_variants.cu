@@ -185,18 +185,17 @@ struct variant {
     bool pdl; /* programmatic dependent launch between the bulk-copy kernels */
 };
 
-static const variant variants[] = {
+static constexpr variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
     {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed 112-byte Q3_K blocks, 2 "
-     "blocks interleaved, a CTA's odd last tile shared by its groups, PDL (compute, device "
-     "weights)",
-     G_T4x2_8_4_STG, D_P4_8_2_2_PK2S, true},
+     "blocks interleaved, PDL (compute, device weights)",
+     G_T4x2_8_4_STG, D_P4_8_2_2_PK2, true},
     {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed blocks, a block at a "
      "time, PDL",
      G_T4x2_8_4_STG, D_P4_8_2_2_PK, true},
     {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed blocks, 2 blocks "
-     "interleaved, PDL (compute until session 11)",
-     G_T4x2_8_4_STG, D_P4_8_2_2_PK2, true},
+     "interleaved, a CTA's odd last tile shared by its groups (blocks split), PDL",
+     G_T4x2_8_4_STG, D_P4_8_2_2_PK2S, true},
     {"gt 2x NW4 TR8 ST4, staggered start, q8_1 of h by the unit completing a group (no "
      "quant_h) + dp LPR4 TD8 ST2 2x on packed blocks, 2 blocks interleaved, PDL",
      G_T4x2_8_4_QH, D_P4_8_2_2_PK2, true},
@@ -256,6 +255,13 @@ static const variant variants[] = {
 };
 
 static_assert(sizeof variants / sizeof *variants == MB_V_BEFORE + 1, "MB_V_BEFORE is the last");
+static_assert(variants[MB_V_SHIPPED].gu == G_T4x2_8_4_STG &&
+                  variants[MB_V_SHIPPED].dn == D_P4_8_2_2_PK2,
+              "MB_V_SHIPPED is compute/'s device-weight kernels");
+static_assert(variants[MB_V_S9].gu == G_T4x2_8_4 && variants[MB_V_S9].dn == D_P4_8_2_2,
+              "MB_V_S9 is what compute/ ran until session 9");
+static_assert(variants[MB_V_BEFORE].gu == G_T4x2_8_4_STG && variants[MB_V_BEFORE].dn == D_P4_8_2_2,
+              "MB_V_BEFORE is what compute/ ran until session 10");
 
 extern "C" int mb_variant_count(void)
 {

@@ -759,21 +759,41 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
         cr_assert_eq(sl_gpu_moe_part(c, all, n_used, w, &err), 0, "%s", err.msg);
         cr_assert_eq(sl_gpu_moe_finish(c, od, fd, &err), 0, "%s", err.msg);
 
-        /* The same routing with a device tier that holds every even expert (one expert's
-         * weights in device memory for all of them) and no forced routing: the picks are
-         * router.c's, the started ranks those of even experts (the selection hands each
-         * pick the entry its thread read before the router's end). */
-        int dk = -1;
-        for (uint32_t k = 0; k < n_used; k++)
-            if (!host[k] && dk < 0) dk = (int)k;
-        if (dk >= 0) {
-            sl_gpu_t0e *even = calloc(ne, sizeof *even);
+        /* The same routing, not forced, with a device tier that holds the picks of even
+         * rank, each with another device-resident expert's weights (the tier's entries
+         * are what decides: distinct ones show an entry handed to the wrong rank), and
+         * every other even expert: the picks are router.c's, the started ranks the even
+         * ones, and the token (the odd ranks queued by the host, with their own weights)
+         * gives the emulation's bytes with those weights. */
+        {
+            uint32_t dev[8], nd = 0;
+            for (uint32_t k = 0; k < n_used; k++)
+                if (!host[k]) dev[nd++] = k;
+            cr_assert(nd > 0, "rank 0 is always placed in device memory");
+            sl_gpu_t0e *tier = calloc(ne, sizeof *tier);
             for (uint32_t e = 0; e < ne; e += 2)
-                even[e] = (sl_gpu_t0e){w[dk].gate, w[dk].up, w[dk].down};
-            void *ed = to_dev(c, even, sizeof *even * ne);
-            uint32_t want = 0;
-            for (uint32_t r = 0; r < n_used; r++) want |= (rwant.expert[r] % 2 == 0) << r;
-            for (int rep = 0; rep < 2; rep++) { /* twice: the tier's scratch is reused */
+                tier[e] = (sl_gpu_t0e){w[0].gate, w[0].up, w[0].down};
+            sl_moe_expert_w wr[8], lwr[8]; /* by rank: what the device and the host run */
+            uint32_t want = 0, rest[8], nr = 0;
+            for (uint32_t r = 0; r < n_used; r++) {
+                const uint32_t e = rgot.expert[r];
+                const uint32_t k = r % 2 ? r : dev[(r / 2) % nd];
+                if (r % 2 == 0) {
+                    tier[e] = (sl_gpu_t0e){w[k].gate, w[k].up, w[k].down};
+                    want |= 1u << r;
+                } else {
+                    tier[e] = (sl_gpu_t0e){NULL, NULL, NULL};
+                    rest[nr++] = r;
+                }
+                wr[r] = w[k];
+                lwr[r] = L.w[k];
+            }
+            void *ed = to_dev(c, tier, sizeof *tier * ne);
+            cr_assert_eq(sl_emu_moe(s, L.x, &rwant, lwr, &L.sh, eout, eyf, NULL, &err), 0, "%s",
+                         err.msg);
+            for (int rep = 0; rep < 2; rep++) { /* twice: the selection's scratch is reused */
+                poison_dev(c, od, dim * 2);
+                poison_dev(c, fd, dim * 4);
                 cr_assert_eq(sl_gpu_moe_shared(c, xd, &sh, &err), 0, "%s", err.msg);
                 cr_assert_eq(sl_gpu_route_start(c, xd, rwd, bd, ed, NULL, &err), 0, "%s", err.msg);
                 cr_assert_eq(sl_gpu_route_wait(c, &rgot, &started, &err), 0, "%s", err.msg);
@@ -784,10 +804,17 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
                                  "tier: rank %u weight", r);
                 }
                 cr_assert_eq(started, want, "tier: started 0x%x, want 0x%x", started, want);
-                cr_assert_eq(sl_gpu_moe_abort(c, &err), 0, "%s", err.msg);
+                cr_assert_eq(sl_gpu_moe_part(c, rest, nr, wr, &err), 0, "%s", err.msg);
+                cr_assert_eq(sl_gpu_moe_finish(c, od, fd, &err), 0, "%s", err.msg);
+                cr_assert_eq(sl_gpu_download(c, gotf, fd, dim * 4, &err), 0, "%s", err.msg);
+                cr_assert_eq(sl_gpu_download(c, got, od, dim * 2, &err), 0, "%s", err.msg);
+                cr_assert_eq(memcmp(gotf, eyf, dim * 4), 0,
+                             "tier, not forced (placement %s, started 0x%x): f32 differs", where,
+                             started);
+                cr_assert_eq(memcmp(got, eout, dim * 2), 0, "tier, not forced: bf16 differs");
             }
             sl_gpu_free(c, ed);
-            free(even);
+            free(tier);
         }
 
         sl_gpu_t0e *tab = calloc(ne, sizeof *tab);
