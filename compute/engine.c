@@ -573,7 +573,8 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
         } else if (!rc) {
             rc = upload_new(c, w->shared[2], sh_bytes[2], &w->shared_dev[2], err);
         }
-        *resident += rb + m->n_expert * sizeof(float) + sh_dev[0] + sh_dev[1] + sh_dev[2];
+        *resident += rb + m->dim * sizeof(float) + m->n_expert * sizeof(float) + sh_dev[0] +
+                     sh_dev[1] + sh_dev[2]; /* router, ffn_norm, bias, shared expert */
         w->shared_w_dev = (sl_moe_expert_w){w->shared_dev[0], w->shared_dev[1], w->shared_dev[2]};
     }
     /* The embedding table too, when the GPU can decode its rows: a step then starts
