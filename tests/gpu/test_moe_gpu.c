@@ -62,6 +62,15 @@ static sl_moe_shape make_shape(uint32_t dim, uint32_t inter, uint32_t n_used, in
                           .gate_temp = 1.0f};
 }
 
+/* A context for shape s on device 0 (the test fails if it cannot open). */
+static sl_gpu_ctx *open_gpu(const sl_moe_shape *s)
+{
+    sl_err err = {0};
+    sl_gpu_ctx *c = NULL;
+    cr_assert_eq(sl_gpu_open(&c, 0, s, &err), 0, "%s", err.msg);
+    return c;
+}
+
 static void *to_dev(sl_gpu_ctx *c, const void *host, size_t bytes)
 {
     sl_err err = {0};
@@ -85,8 +94,7 @@ Test(moe_gpu, q8_1_bit_exact)
     NEED_GPU();
     sl_moe_shape s = make_shape(512, 256, 2, 0);
     sl_err err = {0};
-    sl_gpu_ctx *c = NULL;
-    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    sl_gpu_ctx *c = open_gpu(&s);
     const uint32_t n = 5120;
     uint16_t *x = rand_bf16(n, 3.0f);
     for (int i = 0; i < 32; i++) x[64 + i] = 0; /* an all-zero block */
@@ -121,8 +129,7 @@ Test(moe_gpu, pack_q3_k_bytes)
     NEED_GPU();
     sl_moe_shape s = make_shape(512, 256, 2, 0);
     sl_err err = {0};
-    sl_gpu_ctx *c = NULL;
-    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    sl_gpu_ctx *c = open_gpu(&s);
     const uint64_t counts[] = {1, 3, 46081}; /* a stage holds 512 blocks at this shape */
     for (int k = 0; k < 3; k++) {
         const uint64_t n = counts[k], raw = n * 110, pk = sl_gpu_packed_bytes(raw);
@@ -186,8 +193,7 @@ Test(moe_gpu, embed_q2_k_bit_exact)
     const uint32_t dim = 5120, rows = 300;
     sl_moe_shape s = make_shape(dim, 256, 2, 0);
     sl_err err = {0};
-    sl_gpu_ctx *c = NULL;
-    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    sl_gpu_ctx *c = open_gpu(&s);
     const size_t rb = dim / 256 * 84;
     uint8_t *tab = rand_blocks(SL_QTYPE_Q2_K, (uint64_t)dim * rows, 0.5f);
     void *td = to_dev(c, tab, rb * rows), *hd = NULL;
@@ -218,8 +224,7 @@ static void check_residual_norm(uint32_t dim)
 {
     sl_moe_shape s = make_shape(dim, 256, 2, 0);
     sl_err err = {0};
-    sl_gpu_ctx *c = NULL;
-    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    sl_gpu_ctx *c = open_gpu(&s);
     uint16_t *h = rand_bf16(dim, 4.0f), *y = rand_bf16(dim, 2.0f), *x = malloc(dim * 2);
     uint16_t *gh = malloc(dim * 2), *gx = malloc(dim * 2);
     float *w = malloc(dim * sizeof(float));
@@ -270,8 +275,7 @@ static void check_router(uint32_t dim, float temp)
     sl_moe_shape s = make_shape(dim, 256, 2, 0);
     s.gate_temp = temp;
     sl_err err = {0};
-    sl_gpu_ctx *c = NULL;
-    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    sl_gpu_ctx *c = open_gpu(&s);
     uint16_t *w = rand_bf16((uint64_t)s.n_expert * dim, 0.05f), *x = rand_bf16(dim, 1.0f);
     float want[384], got[384];
     memset(got, 0xFF, sizeof got);
@@ -303,8 +307,7 @@ static void check_select(uint32_t n_expert, uint32_t k, int norm_topk, int with_
     s.n_expert = n_expert;
     s.norm_topk = norm_topk;
     sl_err err = {0};
-    sl_gpu_ctx *c = NULL;
-    cr_assert_eq(sl_gpu_open(&c, 0, &s, &err), 0, "%s", err.msg);
+    sl_gpu_ctx *c = open_gpu(&s);
     float logits[1024], bias[1024];
     for (uint32_t e = 0; e < n_expert; e++) {
         const float u = urand();
@@ -485,8 +488,7 @@ static void run_gpu(const layer *L, int in_host, int reverse, gpu_out *o)
     const uint32_t dim = s->dim, inter = s->inter, n = s->n_used;
     const int sh_bf16 = s->sh_gate_type == SL_QTYPE_BF16;
     sl_err err = {0};
-    sl_gpu_ctx *c = NULL;
-    cr_assert_eq(sl_gpu_open(&c, 0, s, &err), 0, "%s", err.msg);
+    sl_gpu_ctx *c = open_gpu(s);
     void *keep[9][3];
     sl_moe_expert_w w[8];
     sl_moe_route route = L->route;
@@ -652,8 +654,7 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
     float *eyf = malloc(dim * 4);
     cr_assert_eq(sl_emu_moe(s, L.x, &L.route, L.w, &L.sh, eout, eyf, NULL, &err), 0, "%s", err.msg);
 
-    sl_gpu_ctx *c = NULL;
-    cr_assert_eq(sl_gpu_open(&c, 0, s, &err), 0, "%s", err.msg);
+    sl_gpu_ctx *c = open_gpu(s);
     void *keep[9][3];
     int host[9];
     sl_moe_expert_w w[8];
@@ -1000,8 +1001,7 @@ Test(moe_gpu, abort_drops_the_token)
     uint16_t *eout = malloc(dim * 2), *got = malloc(dim * 2);
     float *eyf = malloc(dim * 4);
     cr_assert_eq(sl_emu_moe(s, L.x, &L.route, L.w, &L.sh, eout, eyf, NULL, &err), 0, "%s", err.msg);
-    sl_gpu_ctx *c = NULL;
-    cr_assert_eq(sl_gpu_open(&c, 0, s, &err), 0, "%s", err.msg);
+    sl_gpu_ctx *c = open_gpu(s);
     void *keep[9][3];
     sl_moe_expert_w w[8];
     for (uint32_t k = 0; k < 3; k++) w[k] = place(c, &L.w[k], s, 0, k == 2, keep[k]);
