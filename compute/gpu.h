@@ -263,7 +263,10 @@ int sl_gpu_marks_read(sl_gpu_ctx *ctx, uint64_t *ns, uint32_t *n, sl_err *err);
 /* Bench hook, all zero for the defaults: plain_start 1 has the host-table bulk-copy
  * gate/up queue every stage at once (default: one stage a warp group first, the group's
  * others once it landed); wait_select 1 has the device-table gate/up wait for the whole
- * selection kernel (default: for the table it publishes, k_route_select); gu_stamps
+ * selection kernel (default: for the table it publishes, k_route_select); qh_form 1
+ * has h's q8_1 computed by k_quant_h after the gate/up, 3 and 4 by the bulk-copy
+ * gate/ups themselves in the two ways of compute/moe_kern.cuh (default, 0: compute/'s
+ * choice, GT_QH); gu_stamps
  * and dn_stamps (NULL: none) are device buffers of `records` records each that receive
  * the gate/up's and the down's milestones on the GPU's clock (32 u64 stamps a CTA's
  * warp group: compute/moe_kern.cuh, k_stamp). SL_EINVAL when a kernel's grid could need
@@ -271,6 +274,7 @@ int sl_gpu_marks_read(sl_gpu_ctx *ctx, uint64_t *ns, uint32_t *n, sl_err *err);
 typedef struct sl_gpu_probe {
     int plain_start;               /* 1: the host-table gate/up not staggered */
     int wait_select;               /* 1: the device-table gate/up after the whole selection */
+    int qh_form;                   /* 1: h's q8_1 by k_quant_h; 3, 4: by the gate/up */
     unsigned long long *gu_stamps; /* device buffer of the gate/up's milestones, or NULL */
     unsigned long long *dn_stamps; /* the same for the down (main stream) */
     uint32_t records;              /* records each buffer holds */

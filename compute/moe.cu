@@ -34,6 +34,7 @@
 #define GT_TR    8     /* rows of gate (and of up) per stage */
 #define GT_ST    4     /* stages in flight per CTA (2 per group) */
 #define GT_STG   1     /* host-table gate/up: one stage a group first, the rest once it landed */
+#define GT_QH    3     /* gate/ups write h's q8_1 (3: a warp group's 32 rows; 0: k_quant_h) */
 #define DP_LPR   4     /* lanes per row (k_dot2_q3_k), bulk-copy down */
 #define DP_TD    8     /* output rows per tile (stage), bulk-copy down */
 #define DP_ST    2     /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
@@ -56,12 +57,13 @@ enum { SH_NONE, SH_SIDE, SH_MERGE, SH_MERGED };
 struct sl_gpu_ctx {
     int dev, n_sm;
     sl_moe_shape shape;
-    int sh_bf16;                     /* 1: the shared expert is BF16 */
-    int gu_maxv, dn_maxv;            /* register chunks per lane of one step (4|8, 8|16) */
-    int gu_occ;                      /* CTAs per SM of the register-staged gate/up */
-    int gt_ok, gt_occ;               /* the bulk-copy gate/up fits this shape; its CTAs per SM */
-    int gt_stg;                      /* its staggered start (GT_STG; sl_gpu_set_probe) */
-    int gtd_flag;                    /* the device-table gate/up starts on the selection's flag */
+    int sh_bf16;          /* 1: the shared expert is BF16 */
+    int gu_maxv, dn_maxv; /* register chunks per lane of one step (4|8, 8|16) */
+    int gu_occ;           /* CTAs per SM of the register-staged gate/up */
+    int gt_ok, gt_occ;    /* the bulk-copy gate/up fits this shape; its CTAs per SM */
+    int gt_stg;           /* its staggered start (GT_STG; sl_gpu_set_probe) */
+    int gtd_flag;         /* the device-table gate/up starts on the selection's flag */
+    int gt_qh;            /* the bulk-copy gate/ups' q8_1 of h: 0, 3, 4 (GT_QH; sl_gpu_set_probe) */
     unsigned long long *dn_stamps;   /* the down's milestones (bench; rs.stamps the gate/up's) */
     unsigned long long *rt_stamps;   /* the router's and the selection's (bench) */
     int gtd_ok, gtd_occ;             /* its device-table form fits too (routing on the device) */
@@ -121,6 +123,7 @@ struct sl_gpu_ctx {
     uint32_t queued;                   /* bit r: rank r's gate/up is queued */
     sl_ktab all;                       /* by slot: the down pointers for finish */
     uint32_t early;                    /* slots whose down ran early (sl_gpu_moe_down_early) */
+    uint32_t qh_done;                  /* slots whose q8_1 of h their gate/up wrote (gt_qh) */
     float *ys;                         /* [SL_GPU_MAX_USED][dim] their rows, apart */
     int down_host;                     /* some queued expert's down is in host memory */
     /* timeline marks (sl_gpu_mark): created on first use */
@@ -200,21 +203,46 @@ static cudaError_t launch_quant_img(const sl_gpu_ctx *c, const uint16_t *x, uint
     return k_launch(k_quant_x_img, (blocks + 7) / 8, 256, 0, st, pdl, x, c->shape.dim, img);
 }
 
-/* The host-table bulk-copy gate/up: staggered or not, recording milestones or not. */
-static decltype(&k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gt_kernel(bool stg, bool stamp)
+/* The host-table bulk-copy gate/up: staggered or not, recording milestones or not,
+ * writing h's q8_1 in form qh (3, 4: compute/moe_kern.cuh) or leaving it to k_quant_h. */
+template <bool STG, bool STAMP>
+static decltype(&k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gt_kernel_qh(int qh)
 {
-    if (stamp)
-        return stg ? k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, true, true>
-                   : k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, true>;
-    return stg ? k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, true>
-               : k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>;
+    if (qh == 3) return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP, 3>;
+    if (qh == 4) return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP, 4>;
+    return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP>;
 }
 
-/* The device-table gate/up, recording milestones or not. */
-static decltype(&k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gtd_kernel(bool stamp)
+static decltype(&k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gt_kernel(bool stg, bool stamp,
+                                                                          int qh)
 {
-    return stamp ? k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, true>
-                 : k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>;
+    if (stamp) return stg ? gt_kernel_qh<true, true>(qh) : gt_kernel_qh<false, true>(qh);
+    return stg ? gt_kernel_qh<true, false>(qh) : gt_kernel_qh<false, false>(qh);
+}
+
+/* The device-table gate/up, recording milestones or not, h's q8_1 as gt_kernel's. */
+template <bool STAMP>
+static decltype(&k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gtd_kernel_qh(int qh)
+{
+    if (qh == 3)
+        return k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, STAMP, 3>;
+    if (qh == 4)
+        return k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, STAMP, 4>;
+    return k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, STAMP>;
+}
+
+static decltype(&k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gtd_kernel(bool stamp, int qh)
+{
+    return stamp ? gtd_kernel_qh<true>(qh) : gtd_kernel_qh<false>(qh);
+}
+
+/* The CTAs of a bulk-copy gate/up of `units` units, at most occ an SM: with h's q8_1,
+ * no more than the chunks (32 / GT_TR units each). */
+static uint32_t gt_grid(const sl_gpu_ctx *c, uint32_t units, int occ)
+{
+    uint32_t grid = (uint32_t)(occ * c->n_sm);
+    const uint32_t need = c->gt_qh ? units / (32 / GT_TR) : units;
+    return grid > need ? need : grid;
 }
 
 /* The bulk-copy down on packed blocks (device memory), recording milestones or not; raw:
@@ -253,10 +281,8 @@ static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const 
         uint8_t *img = c->ximg[st == c->side];
         cudaError_t rc = launch_quant_img(c, x, img, st, pdl);
         if (rc != cudaSuccess) return rc;
-        const uint32_t units = (uint32_t)tab.n * (inter / GT_TR);
-        uint32_t grid = (uint32_t)(c->gt_occ * c->n_sm);
-        if (grid > units) grid = units;
-        return k_launch(gt_kernel(c->gt_stg, s.stamps != NULL), grid, GT_NG * GT_NW * 32,
+        const uint32_t grid = gt_grid(c, (uint32_t)tab.n * (inter / GT_TR), c->gt_occ);
+        return k_launch(gt_kernel(c->gt_stg, s.stamps != NULL, c->gt_qh), grid, GT_NG * GT_NW * 32,
                         gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img, dim, inter, limit, s);
     }
     const uint32_t units = (uint32_t)tab.n * inter;
@@ -272,11 +298,13 @@ static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const 
     return cudaGetLastError();
 }
 
-/* q8_1 of h of the experts whose slot bit is set in mask, of the first n slots. */
+/* q8_1 of h of the experts whose slot bit is set in mask, of the first n slots (no
+ * launch when none is). */
 static cudaError_t launch_quant_h(const sl_gpu_ctx *c, const sl_kscratch &s, uint32_t n,
                                   uint32_t mask, cudaStream_t st, bool pdl)
 {
     const uint32_t gpe = c->shape.inter / 32, groups = n * gpe;
+    if (!(mask & ((1ull << n) - 1))) return cudaSuccess; /* every gate/up wrote its own */
     return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, st, pdl, s, groups, gpe, mask);
 }
 
@@ -408,16 +436,17 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
     if (rc) return rc;
     const size_t gts = gt_smem(dim);
     if (gts <= (size_t)optin) {
-        c->gt_occ = 1 << 30; /* the least of its four forms (the same shape) */
-        for (int f = 0; f < 4; f++) {
+        c->gt_occ = 1 << 30; /* the least of its twelve forms (the same shape) */
+        for (int f = 0; f < 12; f++) {
             int o = 0;
-            rc = prep_kernel(gt_kernel(f & 1, f >> 1), GT_NG * GT_NW * 32, gts, &o,
-                             "k_gateup_tma_q2_k", err);
+            rc = prep_kernel(gt_kernel(f & 1, f >> 1 & 1, f >> 2 ? 2 + (f >> 2) : 0),
+                             GT_NG * GT_NW * 32, gts, &o, "k_gateup_tma_q2_k", err);
             if (rc) return rc;
             if (o < c->gt_occ) c->gt_occ = o;
         }
         c->gt_stg = GT_STG; /* the device-table form starts with the shared expert */
         c->gtd_flag = 1;
+        c->gt_qh = GT_QH;
         c->gt_ok = c->gt_occ >= 1;
     }
     const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST, SL_Q3K_PACKED);
@@ -450,13 +479,15 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         if (rc) return rc;
     }
     if (c->gt_ok) { /* its static table needs a little more shared memory: else unused */
-        int o3 = 0, o4 = 0;
-        c->gtd_ok = !prep_kernel(gtd_kernel(false), GT_NG * GT_NW * 32, gts, &o3,
-                                 "k_gateup_tma_dev_q2_k", NULL) &&
-                    !prep_kernel(gtd_kernel(true), GT_NG * GT_NW * 32, gts, &o4,
-                                 "k_gateup_tma_dev_q2_k", NULL) &&
-                    o3 >= 1 && o4 >= 1;
-        c->gtd_occ = o3 < o4 ? o3 : o4;
+        c->gtd_ok = 1;
+        c->gtd_occ = 1 << 30; /* the least of its six forms */
+        for (int f = 0; f < 6 && c->gtd_ok; f++) {
+            int o = 0;
+            c->gtd_ok = !prep_kernel(gtd_kernel(f & 1, f >> 1 ? 2 + (f >> 1) : 0),
+                                     GT_NG * GT_NW * 32, gts, &o, "k_gateup_tma_dev_q2_k", NULL) &&
+                        o >= 1;
+            if (o < c->gtd_occ) c->gtd_occ = o;
+        }
         (void)cudaGetLastError();
     }
     if (c->gu_occ < 1 || occ < 1)
@@ -805,6 +836,7 @@ extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *er
     }
     c->gt_stg = GT_STG && !p->plain_start;
     c->gtd_flag = !p->wait_select;
+    c->gt_qh = p->qh_form == 1 ? 0 : p->qh_form >= 3 ? p->qh_form : GT_QH;
     c->rs.stamps = p->gu_stamps;
     c->dn_stamps = p->dn_stamps;
     c->rt_stamps = p->rt_stamps;
@@ -845,13 +877,12 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
     CK(launch_select(c, bias, t0, forced ? c->forced_dev : NULL, with_sh), "k_route_select");
     if (with_sh) c->sh_state = SH_MERGED;
     if (t0) { /* right after the selection (PDL): the shared expert's rows load meanwhile */
-        const uint32_t units = (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR);
-        uint32_t grid = (uint32_t)(c->gtd_occ * c->n_sm);
-        if (grid > units) grid = units;
-        CK(k_launch(gtd_kernel(c->rs.stamps != NULL), grid, GT_NG * GT_NW * 32, gt_smem(s->dim),
-                    c->main, USE_PDL, (const sl_ktab *)c->tab_dev, (const uint8_t *)c->ximg[0],
-                    s->dim, s->inter, s->swiglu_limit, c->rs, c->sh, with_sh,
-                    (const unsigned *)(c->gtd_flag ? c->tab_seq_dev : NULL),
+        const uint32_t grid =
+            gt_grid(c, (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR), c->gtd_occ);
+        CK(k_launch(gtd_kernel(c->rs.stamps != NULL, c->gt_qh), grid, GT_NG * GT_NW * 32,
+                    gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,
+                    (const uint8_t *)c->ximg[0], s->dim, s->inter, s->swiglu_limit, c->rs, c->sh,
+                    with_sh, (const unsigned *)(c->gtd_flag ? c->tab_seq_dev : NULL),
                     (unsigned)c->route_seq),
            "k_gateup_tma_dev_q2_k");
     }
@@ -894,6 +925,7 @@ extern "C" int sl_gpu_route_wait(sl_gpu_ctx *c, sl_moe_route *route, uint32_t *s
             const uint32_t slot = c->slot_of[r];
             c->all.e[slot] = c->kroute->e[slot];
             note_down(c, slot);
+            if (c->gt_qh) c->qh_done |= 1u << slot; /* the device-table gate/up's */
         }
     c->queued = *started;
     return 0;
@@ -957,7 +989,8 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
         const bool gt = c->gt_ok && !in_host(sh->gate) && !in_host(sh->up);
         const bool dt = c->dt_ok && down_dev;
         CK(launch_gateup(c, tab, x, c->ss, c->side, gt, false), "gate/up (shared)");
-        CK(launch_quant_h(c, c->ss, 1, ~0u, c->side, false), "k_quant_h (shared)");
+        CK(launch_quant_h(c, c->ss, 1, gt && c->gt_qh ? 0u : ~0u, c->side, false),
+           "k_quant_h (shared)");
         CK(launch_down(c, tab, c->ss, NULL, c->y_sh, NULL, c->side, dt, USE_PDL && dt),
            "down (shared)");
     }
@@ -982,6 +1015,7 @@ extern "C" int sl_gpu_moe_begin(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_r
     c->queued = 0;
     c->down_host = 0;
     c->early = 0;
+    c->qh_done = 0;
     c->in_token = 1;
     return 0;
 }
@@ -1028,6 +1062,8 @@ extern "C" int sl_gpu_moe_part(sl_gpu_ctx *c, const uint32_t *ranks, uint32_t nr
         if (tab[h].n)
             CK(launch_gateup(c, tab[h], c->x, c->rs, c->main, h == 0, USE_PDL && h == 0),
                h ? "k_gateup_q2_k" : "k_gateup_tma_q2_k");
+    if (c->gt_qh) /* the bulk-copy launch wrote its experts' q8_1 of h */
+        for (int i = 0; i < tab[0].n; i++) c->qh_done |= 1u << tab[0].e[i].slot;
     return 0;
 }
 
@@ -1065,13 +1101,15 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
         c->all.n = (int)n + 1;
         nq = n + 1;
         c->last_merged = 1;
+        if (c->gt_qh) c->qh_done |= 1u << n; /* it rode with a bulk-copy gate/up */
     }
     c->sh_state = SH_NONE;
     CK(join_copies(c), "wait for the copies");
     if (c->early) { /* the rest's down apart too, then the sum of every slot in order */
         const uint32_t rest = ((1u << nq) - 1) & ~c->early;
         if (rest) { /* packed (device memory) and raw (host memory) downs apart */
-            CK(launch_quant_h(c, c->rs, nq, rest, c->main, pdl_q), "k_quant_h (rest)");
+            CK(launch_quant_h(c, c->rs, nq, rest & ~c->qh_done, c->main, pdl_q),
+               "k_quant_h (rest)");
             const uint32_t by[2] = {rest & c->all.pk, rest & ~c->all.pk};
             for (int k = 0; k < 2; k++)
                 if (by[k])
@@ -1084,7 +1122,7 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
                     (const float *)c->ys, nq, c->shape.dim, extra, out_f32, out),
            "k_combine");
     } else {
-        CK(launch_quant_h(c, c->rs, nq, ~0u, c->main, pdl_q), "k_quant_h");
+        CK(launch_quant_h(c, c->rs, nq, ~c->qh_done, c->main, pdl_q), "k_quant_h");
         const bool dt = !c->down_host;
         CK(launch_down(c, c->all, c->rs, extra, out_f32, out, c->main, dt, USE_PDL && dt),
            dt ? "k_down_pt_q3_k" : "k_down2_q3_k");
@@ -1121,10 +1159,11 @@ extern "C" int sl_gpu_moe_down_early(sl_gpu_ctx *c, sl_err *err)
     if (c->sh_state == SH_MERGED) {
         done |= 1u << n;
         merge_shared(c);
+        if (c->gt_qh) c->qh_done |= 1u << n;
     }
     const uint32_t now = done & ~c->early;
     if (!now) return 0;
-    CK(launch_quant_h(c, c->rs, n + 1, now, c->main, USE_PDL), "k_quant_h (early)");
+    CK(launch_quant_h(c, c->rs, n + 1, now & ~c->qh_done, c->main, USE_PDL), "k_quant_h (early)");
     CK(launch_down(c, slots_tab(c, now), c->rs, NULL, NULL, NULL, c->main, true, USE_PDL, c->ys),
        "k_down_pt_q3_k (early, apart)");
     c->early |= now;

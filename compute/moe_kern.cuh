@@ -918,30 +918,41 @@ __device__ __forceinline__ void k_issue_gu_rows(uint8_t *dst, uint64_t *b, const
 }
 
 /* The start of a gate/up pipeline (k_pipe_start over nbar barriers): without DEV,
- * queue(k) for the first ST units; with DEV (the table comes from the kernel before),
- * only the shared expert's units among them, when it takes the first tpe units
- * (sh_first), through shared(k, r0). first() comes before them all. Returns, in thread
- * 0, the stages queued. */
-template <int ST, int TR, bool DEV, typename Q, typename S, typename X>
+ * queue(k) for the first ST stages; with DEV (the table comes from the kernel before),
+ * only those whose unit (unit(k)) is the shared expert's, when it takes the first tpe
+ * units (sh_first), through shared(k, r0). first() comes before them all. Returns, in
+ * thread 0, the mask of the stages k < ST queued. */
+template <int ST, int TR, bool DEV, typename Q, typename S, typename X, typename U>
 __device__ __forceinline__ uint32_t k_gu_pipe_start(uint64_t *bar, int nbar, int sh_first,
                                                     uint32_t tpe, Q &&queue, S &&shared, X &&first,
-                                                    bool wait = true)
+                                                    U &&unit, bool wait = true)
 {
-    const uint32_t grid = gridDim.x;
-    return k_pipe_start<ST>(
+    static_assert(ST <= 32, "a mask of the stages");
+    uint32_t mask = 0;
+    k_pipe_start<ST>(
         bar, nbar,
         [&](uint32_t k) {
             if (k == 0) first();
             if (!DEV) {
                 queue(k);
-                return true;
+                mask |= 1u << k;
+            } else if (sh_first && unit(k) < tpe) {
+                shared(k, unit(k) * TR);
+                mask |= 1u << k;
             }
-            if (!sh_first || blockIdx.x + k * grid >= tpe) return false;
-            shared(k, (blockIdx.x + k * grid) * TR);
             return true;
         },
         wait);
+    return mask;
 }
+
+/* The default order of a persistent kernel's units: CTA c takes c, c + grid, ... */
+struct k_unit_rr {
+    __device__ uint32_t operator()(uint32_t k) const
+    {
+        return blockIdx.x + k * gridDim.x;
+    }
+};
 
 /* Thread 0: the bulk copy of x's image (k_quant_x_img's bytes) into aq, on xbar. */
 __device__ __forceinline__ void k_ximg_load(void *aq, const uint8_t *ximg, uint32_t dim,
@@ -994,27 +1005,33 @@ k_gateup_mma_unit(const uint8_t *st, uint32_t rb, uint32_t nb, const int8_t *aq,
 }
 
 /* One unit with dp4a: each warp step is k_gateup4_q2_k's (rows r, r + 1 of gate and
- * up, 8 lanes a row); then the group's barrier frees the stage. */
+ * up, 8 lanes a row); then the group's barrier frees the stage. Returns, in lanes 0
+ * and 16, the h of row 2p + lane / 16 of the warp's last step p. */
 template <int NW, int TR, int NG, typename F>
-__device__ __forceinline__ void k_gateup_dp4a_unit(const uint8_t *st, uint32_t rb, uint32_t nb,
-                                                   const int8_t *aq, const float *ad, const int *as,
-                                                   int grp, int warp, int lane, const sl_kexp &ex,
-                                                   float *h, float limit, F &&stage_free)
+__device__ __forceinline__ float
+k_gateup_dp4a_unit(const uint8_t *st, uint32_t rb, uint32_t nb, const int8_t *aq, const float *ad,
+                   const int *as, int grp, int warp, int lane, const sl_kexp &ex, float *h,
+                   float limit, F &&stage_free)
 {
     const int t = lane >> 3, n = lane & 7;
+    float hv = 0.0f;
     for (int p = warp; p < TR / 2; p += NW) {
         const uint8_t *row = st + (t & 1) * TR * rb + (2 * p + (t >> 1)) * rb;
         float a[4];
         k_dot4_q2_k(row, aq, ad, as, nb, n & 1, n >> 1, a);
         const float v = k_comb4(a);
         const float o = __shfl_xor_sync(~0u, v, 8); /* gate lanes get their up */
-        if ((lane & 15) == 0) h[2 * p + (lane >> 4)] = sl_emu_swiglu(v, o, ex.w, limit);
+        if ((lane & 15) == 0) {
+            hv = sl_emu_swiglu(v, o, ex.w, limit);
+            h[2 * p + (lane >> 4)] = hv;
+        }
     }
     if (NG == 1)
         __syncthreads();
     else
         k_group_bar<NW>(grp);
     if (warp == 0 && lane == 0) stage_free();
+    return hv;
 }
 
 /* q8_1 of the group of 32 rows of h that holds rows [r0, r0 + TR) of slot's expert, by
@@ -1049,21 +1066,28 @@ __device__ __forceinline__ void k_quant_h_last(const sl_kscratch &s, int slot, u
 
 /* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (QH: and its
  * q8_1, k_quant_h_last, the warp of each unit after it (1) or the CTA's warps, a unit
- * each, at its end (2); else k_quant_h follows). Persistent: CTA c
+ * each, at its end (2); or (3) each q8_1 group of h by the warp group that computed
+ * its rows (below); else k_quant_h follows). Persistent: CTA c
  * takes the units u = c, c + grid, ..., a unit being rows [r0, r0 + TR) of gate and up
- * of one expert, ST units in flight. NG groups of NW warps compute NG units at once
- * (group G the CTA's units k = G mod NG, with its own named barrier), so that more
- * warps per SM hide the decode's latency. x arrives quantized (ximg: k_quant_x_img's
- * bytes, one bulk copy). A unit is decoded with dp4a (k_gateup_dp4a_unit) or, MMA, on
- * the tensor cores (k_gateup_mma_unit, a bench variant). DEV: the table is read from
- * device memory after the wait for the kernel before (the selection), or, with
- * tab_seq, once the selection published it (seq at tab_seq), the wait for the
- * selection's grid then coming at the end; with sh_first the shared expert sh, the
- * table's last entry, takes the first units (unit u: entry (u / tpe + n - 1) % n), so
- * that its first stages (and x) are queued before that wait. STG: the host-table
- * form's staggered start. STAMP: the form that records
- * milestones (s.stamps). TR % 4 == 0 keeps a tile a multiple of 16 bytes for every
- * dim % 256 == 0; ST % NG == 0 keeps a stage within one group. */
+ * of one expert, ST units in flight; with QH 3 group G takes the q8_1 groups (32 / TR
+ * units each, "chunks") G * grid + c, (G + NG) * grid + c, ..., each chunk's units in
+ * turn, holds the h of its rows in registers and, after the chunk's last unit, writes
+ * them into that unit's stage (read in full by then), quantizes them with one warp
+ * (k_quant_h's bits) and only then frees the stage: no global round trip, no fence;
+ * with QH 4 CTA c takes the chunks c, c + grid, ..., group G units [G * PG, G * PG + PG)
+ * of each, the groups meet at a CTA barrier after each chunk, and group 0's warp 0
+ * quantizes the rows from both groups' stages, then frees them. NG groups of NW
+ * warps compute NG units at once (group G the CTA's units k = G mod NG, with its own named
+ * barrier), so that more warps per SM hide the decode's latency. x arrives quantized (ximg:
+ * k_quant_x_img's bytes, one bulk copy). A unit is decoded with dp4a (k_gateup_dp4a_unit) or, MMA,
+ * on the tensor cores (k_gateup_mma_unit, a bench variant). DEV: the table is read from device
+ * memory after the wait for the kernel before (the selection), or, with tab_seq, once the selection
+ * published it (seq at tab_seq), the wait for the selection's grid then coming at the end; with
+ * sh_first the shared expert sh, the table's last entry, takes the first units (unit u: entry (u /
+ * tpe + n - 1) % n), so that its first stages (and x) are queued before that wait. STG: the
+ * host-table form's staggered start. STAMP: the form that records milestones (s.stamps). TR % 4 ==
+ * 0 keeps a tile a multiple of 16 bytes for every dim % 256 == 0; ST % NG == 0 keeps a stage within
+ * one group. */
 template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, bool STG, bool STAMP,
           int QH = 0>
 __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst,
@@ -1086,6 +1110,18 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
     const int lane = threadIdx.x & 31, grp = threadIdx.x / (NW * 32),
               warp = (threadIdx.x >> 5) % NW;
     uint32_t units = 0, rot = 0; /* unit u: rows (u % tpe) * TR of entry (u / tpe + rot) % n */
+    /* QH 3, 4: a chunk is the CH units of one q8_1 group of h; a group takes PG of them
+     * (3: all, 4: group G the G-th part of its CTA's chunk) */
+    constexpr int CH = 32 / TR, PG = QH == 4 ? CH / NG : CH;
+    static_assert(QH < 3 || (!MMA && TR / 2 == NW && 32 % TR == 0 && PG * NG % CH == 0 && PG > 0),
+                  "QH 3, 4: a warp holds one row pair of each unit, a chunk splits evenly");
+    auto unit = [&](uint32_t k)
+        -> uint32_t {                                        /* the CTA's k-th unit */
+                      const uint32_t g = k % NG, i = k / NG; /* group g's i-th unit */
+                      if (QH == 3) return CH * ((g + i / PG * NG) * grid + blockIdx.x) + i % PG;
+                      if (QH == 4) return CH * (blockIdx.x + i / PG * grid) + g * PG + i % PG;
+                      return blockIdx.x + k * grid;
+    };
 
     /* queues rows r0.. of expert x into stage k % ST */
     auto issue_rows = [&](uint32_t k, const sl_kexp &x, uint32_t r0) {
@@ -1093,7 +1129,7 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
     };
     bool pfd = !PFD; /* PFD: group 0's first issue past the units prefetches the downs */
     auto issue = [&](uint32_t k) { /* the CTA's k-th unit into stage k % ST */
-                                   const uint32_t u = blockIdx.x + k * grid;
+                                   const uint32_t u = unit(k);
                                    if (u >= units) {
                                        if (!pfd && grp == 0) k_prefetch_downs(tab, dim, inter);
                                        pfd = true;
@@ -1125,7 +1161,7 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
         [&] {
             if (DEV) k_ximg_load(aq, ximg, dim, xbar);
         },
-        !tab_seq);
+        unit, !tab_seq);
     /* ... which waits for k_quant_x_img (or the router, or the selection; with tab_seq,
      * the selection's table is waited for here and its grid at the end) */
     if (DEV) {
@@ -1151,13 +1187,14 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
         __syncthreads();
         units = (uint32_t)tab.n * tpe;
         rot = sh_first ? (uint32_t)tab.n - 1 : 0;
-        if (blockIdx.x >= units) { /* only x was queued (early units are < units) */
+        if (unit(0) >= units) { /* only x was queued (early units are < units) */
             k_mbar_wait(xbar, 0);
             if (tab_seq) k_pdl_wait();
             return;
         }
         if (threadIdx.x == 0)
-            for (uint32_t k = early; k < (STG ? NG : ST); k++) issue(k);
+            for (uint32_t k = 0; k < (STG ? NG : ST); k++)
+                if (!(early >> k & 1)) issue(k);
     }
     if (threadIdx.x == 0) {
         if (MMA) *(int4 *)zero = make_int4(0, 0, 0, 0);
@@ -1168,9 +1205,10 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
     k_mbar_wait(xbar, 0);
     k_stamp(rec, 1);
 
-    uint32_t i = 0; /* the group's units done */
-    for (uint32_t k = grp; blockIdx.x + k * grid < units; k += NG, i++) {
-        const uint32_t u = blockIdx.x + k * grid, r0 = (u % tpe) * TR;
+    uint32_t i = 0;                  /* the group's units done */
+    float held[PG > 1 ? PG - 1 : 1]; /* QH 3, 4: lanes 0, 16: the h of the group's units so far */
+    for (uint32_t k = grp; unit(k) < units; k += NG, i++) {
+        const uint32_t u = unit(k), r0 = (u % tpe) * TR;
         const sl_kexp &ex = tab.e[(u / tpe + rot) % tab.n];
         k_mbar_wait(bar + k % ST, (k / ST) & 1);
         k_stamp_unit(rec, i, 0);
@@ -1182,12 +1220,50 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
             k_fence_proxy();
             issue(k + ST);
         };
-        if (MMA)
+        if (MMA) {
             k_gateup_mma_unit<NW>(st, rb, nb, aq, ad, as, zero, red, grp, warp, lane, ex, h, limit,
                                   stage_free);
-        else
-            k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane, ex, h, limit,
-                                           stage_free);
+        } else if (QH < 3 || i % PG != PG - 1) {
+            const float hv = k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane,
+                                                            ex, h, limit, stage_free);
+            if (QH >= 3)
+#pragma unroll
+                for (int m = 0; m < PG - 1; m++)
+                    if (i % PG == (uint32_t)m) held[m] = hv;
+        } else { /* the group's last unit of the chunk: the stages are freed after the q8_1 */
+            const float hv = k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane,
+                                                            ex, h, limit, [] {});
+            float *hs = (float *)(stage + (size_t)(k % ST) * sb); /* read in full by now */
+            if ((lane & 15) == 0) {
+                const int r = 2 * warp + (lane >> 4);
+#pragma unroll
+                for (int m = 0; m < PG - 1; m++) hs[m * TR + r] = held[m];
+                hs[(PG - 1) * TR + r] = hv;
+                k_fence_proxy(); /* before the stage's next bulk copy, whoever queues it */
+            }
+            /* QH 4: the CTA's groups at once (each CTA's groups take the same chunks) */
+            if (QH == 3)
+                k_group_bar<NW>(grp);
+            else
+                __syncthreads();
+            if (warp == 0 && (QH == 3 || grp == 0)) {
+                const uint32_t uu = (uint32_t)lane / TR; /* the chunk's unit of row lane */
+                const float v =
+                    ((const float *)(stage + (size_t)((k + uu / PG) % ST) *
+                                                 sb))[uu % PG * TR +
+                                                      lane % TR]; /* QH 4: group uu / PG's stage */
+                __syncwarp();
+                if (lane == 0) {
+                    k_fence_proxy();
+                    for (uint32_t gg = 0; gg < (QH == 4 ? NG : 1); gg++) issue(k + gg + ST);
+                }
+                float d;
+                const uint32_t g = (uint32_t)ex.slot * (inter / 32) + (r0 - (PG - 1) * TR) / 32;
+                const int q = k_q8_lane(v, &d);
+                s.hq[(size_t)g * 32 + lane] = (int8_t)q;
+                if (lane == 0) s.hd[g] = d;
+            }
+        }
         if (QH == 1 && warp == NW - 1) k_quant_h_last<TR>(s, ex.slot, inter, r0, lane);
         k_stamp_unit(rec, i, 1);
     }
@@ -1204,7 +1280,8 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
 
 /* STAMP: the form that records milestones (s.stamps); the others have no trace of them.
  * QH: h's q8_1 too (s.cnt zero at launch, and left so), counted after each unit (1) or
- * at the CTA's end (2). */
+ * at the CTA's end (2), or (3) each group of 32 rows by the warp group that computed
+ * them (no counters). */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
           bool STAMP = false, int QH = 0>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
@@ -1223,7 +1300,7 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
  * token may have, the CTAs beyond the table's units return at once. tabp is not
  * restrict: the read-only path may hold an older layer's table. */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
-          bool STAMP = false>
+          bool STAMP = false, int QH = 0>
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_dev_q2_k(const sl_ktab *tabp, const uint8_t *__restrict__ ximg, uint32_t dim,
                           uint32_t inter, float limit, const __grid_constant__ sl_kscratch s,
@@ -1231,7 +1308,7 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
                           unsigned seq)
 {
     __shared__ sl_ktab tab;
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG, STAMP>(
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG, STAMP, QH>(
         tab, &tab, tabp, tab_seq, seq, sh, sh_first, ximg, dim, inter, limit, s);
 }
 
@@ -1947,7 +2024,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
             }
     const uint32_t early = k_gu_pipe_start<ST, TR, DEV>(
         bar, ST + 1 /* and xbar */, sh_first, tpe, issue,
-        [&](uint32_t k, uint32_t r0) { issue_rows(k, sh, r0); }, [] {});
+        [&](uint32_t k, uint32_t r0) { issue_rows(k, sh, r0); }, [] {}, k_unit_rr());
     if (DEV) {
         if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         __syncthreads();
@@ -1955,7 +2032,8 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
         if (AFF && grid < (uint32_t)tab.n) __trap(); /* an entry would have no CTA */
         rot = sh_first ? (uint32_t)tab.n - 1 : 0;
         if (threadIdx.x == 0)
-            for (uint32_t k = early; k < ST; k++) issue(k);
+            for (uint32_t k = 0; k < ST; k++)
+                if (!(early >> k & 1)) issue(k);
     }
     if (threadIdx.x == 0) {
         seen = 0;

@@ -50,7 +50,7 @@ typedef struct opts {
 /* Whether --quick runs variant v's row. */
 static int quick_row(const opts *o, int v)
 {
-    if (v == MB_V_SHIPPED || v == MB_V_BEFORE || v == MB_V_S9) return 1;
+    if (v == MB_V_SHIPPED || v == MB_V_S11 || v == MB_V_BEFORE || v == MB_V_S9) return 1;
     for (int i = 0; i < o->n_also; i++)
         if (o->also[i] == v) return 1;
     return 0;
@@ -530,7 +530,7 @@ int main(int argc, char **argv)
         /* each kernel's milestones on the GPU's clock: the last of 8 launches back to back */
         static unsigned long long st[MB_ST_RECS * MB_ST_SLOTS];
         mb_io in = io;
-        static const int vs[2] = {MB_V_SHIPPED, MB_V_BEFORE};
+        static const int vs[2] = {MB_V_SHIPPED, MB_V_S11};
         static const uint32_t ns[2] = {1, NUSED};
         for (int a = 0; a < 2; a++)
             for (int b = 0; b < 2; b++) {
@@ -669,13 +669,17 @@ int main(int argc, char **argv)
         if (sl_gpu_malloc(c, &t0d, 384 * sizeof *t0h, &err) ||
             sl_gpu_upload(c, t0d, t0h, 384 * sizeof *t0h, &err))
             DIE("%s", err.msg);
-        static const char *const mode_name[4] = {
-            "host top-6, sl_gpu_moe_routed", "host top-6, begin + 2 parts + finish",
+        static const char *const mode_name[6] = {
+            "host top-6, sl_gpu_moe_routed",
+            "host top-6, begin + 2 parts + finish",
             "**device routing**: router + selection + gate/up queued at once, finish",
-            "**device routing**, the gate/up waiting for the whole selection"};
-        for (int mode = 0; mode < 4; mode++) {
+            "**device routing**, the gate/up waiting for the whole selection",
+            "**device routing**, h's q8_1 by k_quant_h after the gate/up (until session 12)",
+            "**device routing**, h's q8_1 by the gate/up, 32 rows a CTA (its two groups)"};
+        for (int mode = 0; mode < 6; mode++) {
             if (o.quick && mode < 2) continue;
-            const sl_gpu_probe pr = {0, mode == 3, NULL, NULL, 0, NULL};
+            const sl_gpu_probe pr = {0, mode == 3, mode == 4 ? 1 : mode == 5 ? 4 : 0, NULL, NULL,
+                                     0, NULL};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
             double b2b = 0;
             for (int pass = 0; pass < 2; pass++) { /* 0: a sync per layer; 1: back to back */
@@ -746,19 +750,19 @@ int main(int argc, char **argv)
             qsort(lat, it_n, sizeof *lat, cmp_d);
             qsort(lr, it_n, sizeof *lr, cmp_d);
             qsort(lx, it_n, sizeof *lx, cmp_d);
-            /* mode 3's last output against mode 2's (the same routes) */
-            static uint16_t last[2][DIM];
+            /* modes 3 to 5's last output against mode 2's (the same routes) */
+            static uint16_t last[4][DIM];
             if (mode >= 2 && sl_gpu_download(c, last[mode - 2], out, sizeof last[0], &err))
                 DIE("%s", err.msg);
             say("| %s | %.1f (%.1f, %.1f) | %.1f | **%.1f** (%.1f, %.1f) | **%.1f**%s |\n",
                 mode_name[mode], lr[it_n / 2], lr[it_n / 10], lr[it_n * 9 / 10], lx[it_n / 2],
                 lat[it_n / 2], lat[it_n / 10], lat[it_n * 9 / 10], b2b,
-                mode < 3                                    ? ""
-                : !memcmp(last[0], last[1], sizeof last[0]) ? " (output: the same bits)"
-                                                            : " (output DIFFERS)");
+                mode < 3                                           ? ""
+                : !memcmp(last[0], last[mode - 2], sizeof last[0]) ? " (output: the same bits)"
+                                                                   : " (output DIFFERS)");
         }
         {
-            const sl_gpu_probe pr = {0, 0, NULL, NULL, 0, NULL};
+            const sl_gpu_probe pr = {0, 0, 0, NULL, NULL, 0, NULL};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
         }
         /* Where a device-routed layer's time goes, on the GPU's own clock (event marks on
@@ -813,14 +817,16 @@ int main(int argc, char **argv)
         }
         say("\n");
         /* the device-routed layer's gate/up and down on the GPU's clock: the last of 8
-         * layers back to back, with the gate/up starting on the selection's table and
-         * after the whole selection */
-        for (int ws = 0; ws <= 1; ws++) {
+         * layers back to back, with the gate/up starting on the selection's table, after
+         * the whole selection (ws 1), with h's q8_1 by k_quant_h (ws 2), by a CTA's two
+         * groups (ws 3) */
+        for (int ws = 0; ws <= 3; ws++) {
             static unsigned long long st[MB_ST_RECS * MB_ST_SLOTS], st2[MB_ST_RECS * MB_ST_SLOTS],
                 rts[SL_GPU_RT_STAMPS];
             memset(st, 0, sizeof st);
             memset(rts, 0, sizeof rts);
-            const sl_gpu_probe pr = {0, ws, gu_st, dn_st, MB_ST_RECS, rt_st};
+            const sl_gpu_probe pr = {
+                0, ws == 1, ws == 2 ? 1 : ws == 3 ? 4 : 0, gu_st, dn_st, MB_ST_RECS, rt_st};
             if (sl_gpu_upload(c, gu_st, st, sizeof st, &err) ||
                 sl_gpu_upload(c, dn_st, st, sizeof st, &err) ||
                 sl_gpu_upload(c, rt_st, rts, sizeof rts, &err) || sl_gpu_set_probe(c, &pr, &err))
@@ -840,19 +846,30 @@ int main(int argc, char **argv)
                 sl_gpu_download(c, st2, dn_st, sizeof st2, &err) ||
                 sl_gpu_download(c, rts, rt_st, sizeof rts, &err))
                 DIE("%s", err.msg);
-            if (!ws) layer_timeline(rts, st, st2);
+            if (ws != 1) {
+                if (ws)
+                    say(ws == 2 ? "With h's q8_1 by k_quant_h after the gate/up (until session "
+                                  "12):\n\n"
+                                : "With h's q8_1 by the gate/up, 32 rows a CTA (its two "
+                                  "groups):\n\n");
+                layer_timeline(rts, st, st2);
+            }
             for (int k = 0; k < 2; k++) {
                 char what[160];
                 if (sl_gpu_download(c, st, k ? dn_st : gu_st, sizeof st, &err)) DIE("%s", err.msg);
                 snprintf(what, sizeof what,
                          "Milestones of the device-routed layer's %s (6 experts and the shared "
                          "one%s)",
-                         k ? "down" : "gate/up", ws ? ", after the whole selection" : "");
+                         k ? "down" : "gate/up",
+                         ws == 1   ? ", after the whole selection"
+                         : ws == 2 ? ", h's q8_1 by k_quant_h"
+                         : ws == 3 ? ", h's q8_1 by a CTA's two groups"
+                                   : "");
                 stamp_table(st, what);
             }
         }
         {
-            const sl_gpu_probe pr = {0, 0, NULL, NULL, 0, NULL};
+            const sl_gpu_probe pr = {0, 0, 0, NULL, NULL, 0, NULL};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
         }
         if (o.quick) {

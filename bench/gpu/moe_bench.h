@@ -60,11 +60,13 @@ int mb_ptr_kind(const void *p, int n);
 
 /* Variants: compute/'s kernels for mapped host weights and for device weights (the
  * down on packed Q3_K blocks, mb_set.down_pk); what compute/ ran for device weights
- * until session 9, and until session 10 (raw blocks; the last variant). */
+ * until session 9, until session 11 (h's q8_1 by k_quant_h), and until session 10 (raw
+ * blocks; the last variant). */
 #define MB_V_MAPPED  0
 #define MB_V_SHIPPED 1
-#define MB_V_S9      7
-#define MB_V_BEFORE  42
+#define MB_V_S9      8
+#define MB_V_S11     43
+#define MB_V_BEFORE  44
 
 int mb_variant_count(void);
 const char *mb_variant_name(int v);

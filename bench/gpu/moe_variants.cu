@@ -143,6 +143,8 @@ enum {
     G_T4x2_8_4_STG, /* ... one stage a group queued at first, the others once it landed */
     G_T4x2_8_4_QH,  /* ... and h's q8_1 by the unit that completes a group (no k_quant_h) */
     G_T4x2_8_4_QH2, /* ... counted at each CTA's end */
+    G_T4x2_8_4_QH3, /* ... a group of 32 rows by the warp group that computed them */
+    G_T4x2_8_4_QH4, /* ... by the CTA's two groups that computed them (16 rows each) */
     G_T4x4_8_4,
     G_T8x2_16_2,
     G_T4x2_8_2,
@@ -187,9 +189,13 @@ struct variant {
 
 static constexpr variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
-    {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed 112-byte Q3_K blocks, 2 "
-     "blocks interleaved, PDL (compute, device weights)",
-     G_T4x2_8_4_STG, D_P4_8_2_2_PK2, true},
+    {"gt 2x NW4 TR8 ST4, staggered start, q8_1 of h by the warp group of its 32 rows (no quant_h) "
+     "+ dp LPR4 TD8 ST2 2x on packed 112-byte Q3_K blocks, 2 blocks interleaved, PDL (compute, "
+     "device weights)",
+     G_T4x2_8_4_QH3, D_P4_8_2_2_PK2, true},
+    {"gt 2x NW4 TR8 ST4, staggered start, q8_1 of h by the CTA of its 32 rows (its two groups, no "
+     "quant_h) + dp LPR4 TD8 ST2 2x on packed blocks, 2 blocks interleaved, PDL",
+     G_T4x2_8_4_QH4, D_P4_8_2_2_PK2, true},
     {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed blocks, a block at a "
      "time, PDL",
      G_T4x2_8_4_STG, D_P4_8_2_2_PK, true},
@@ -250,14 +256,19 @@ static constexpr variant variants[] = {
     {"gt 3x NW8 TR16 ST3 + dt LPR8 TD8, PDL", G_T8x3_16_3, D_T8_8, true},
     {"gt 1x NW8 TR16 ST3 + dt LPR8 TD16, PDL", G_T8_16_3, D_T8_16, true},
     {"gt 1x NW8 TR16 ST4 + dt LPR2 TD8, PDL", G_T8_16_4, D_T2_8, true},
+    {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x on packed blocks, 2 blocks "
+     "interleaved, PDL (compute until session 11)",
+     G_T4x2_8_4_STG, D_P4_8_2_2_PK2, true},
     {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x, PDL (compute until session 10)",
      G_T4x2_8_4_STG, D_P4_8_2_2, true},
 };
 
 static_assert(sizeof variants / sizeof *variants == MB_V_BEFORE + 1, "MB_V_BEFORE is the last");
-static_assert(variants[MB_V_SHIPPED].gu == G_T4x2_8_4_STG &&
+static_assert(variants[MB_V_SHIPPED].gu == G_T4x2_8_4_QH3 &&
                   variants[MB_V_SHIPPED].dn == D_P4_8_2_2_PK2,
               "MB_V_SHIPPED is compute/'s device-weight kernels");
+static_assert(variants[MB_V_S11].gu == G_T4x2_8_4_STG && variants[MB_V_S11].dn == D_P4_8_2_2_PK2,
+              "MB_V_S11 is what compute/ ran until session 11");
 static_assert(variants[MB_V_S9].gu == G_T4x2_8_4 && variants[MB_V_S9].dn == D_P4_8_2_2,
               "MB_V_S9 is what compute/ ran until session 9");
 static_assert(variants[MB_V_BEFORE].gu == G_T4x2_8_4_STG && variants[MB_V_BEFORE].dn == D_P4_8_2_2,
@@ -302,8 +313,9 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
         k_launch(k_quant_x_img, (io->dim / 32 + 7) / 8, 256, 0, 0, pdl, io->x, io->dim, io->ximg);
     if (rc != cudaSuccess) return rc;
     const uint32_t units = (uint32_t)tab.n * io->inter / TR;
+    const uint32_t need = QH >= 3 ? units / (32 / TR) : units; /* chunks */
     uint32_t grid = (uint32_t)(occ * n_sm);
-    if (grid > units) grid = units;
+    if (grid > need) grid = need;
     rc = k_launch(s.stamps ? k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, true, QH>
                            : k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, false, QH>,
                   grid, NG * NW * 32, smem, 0, pdl, tab, (const uint8_t *)io->ximg, io->dim,
@@ -547,6 +559,12 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
             break;
         case G_T4x2_8_4_QH2:
             rc = gt_launch<4, 8, 4, 2, false, false, true, 2>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T4x2_8_4_QH3:
+            rc = gt_launch<4, 8, 4, 2, false, false, true, 3>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T4x2_8_4_QH4:
+            rc = gt_launch<4, 8, 4, 2, false, false, true, 4>(io, tab, s, n_sm, V.pdl);
             break;
         case G_T4x4_8_4:
             rc = gt_launch<4, 8, 4, 4>(io, tab, s, n_sm, V.pdl);
