@@ -109,7 +109,7 @@ struct sl_gpu_ctx {
     sl_kroute *kroute, *kroute_dev;    /* the picks for the host: pinned, mapped */
     sl_moe_route *forced, *forced_dev; /* a synthetic routing: pinned, mapped */
     sl_ktab *tab_dev;                  /* the device tier's picks, for gate/up */
-    unsigned *tab_seq_dev;             /* the number of the routing tab_dev holds */
+    sl_kttab *ttab_dev;                /* the same, tagged with its routing (k_route_select) */
     cudaEvent_t ev_picks;              /* route_start's work is done (the spin's watchdog) */
     int route_pending;                 /* sl_gpu_route_start without its wait yet */
     uint32_t route_seq;                /* the number of the last routing queued */
@@ -554,8 +554,8 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
     CK(cudaHostGetDevicePointer((void **)&c->forced_dev, c->forced, 0),
        "cudaHostGetDevicePointer(forced)");
     CK(cudaMalloc((void **)&c->tab_dev, sizeof *c->tab_dev), "cudaMalloc(tab)");
-    CK(cudaMalloc((void **)&c->tab_seq_dev, sizeof *c->tab_seq_dev), "cudaMalloc(tab_seq)");
-    CK(cudaMemset(c->tab_seq_dev, 0, sizeof *c->tab_seq_dev), "cudaMemset(tab_seq)");
+    CK(cudaMalloc((void **)&c->ttab_dev, sizeof *c->ttab_dev), "cudaMalloc(ttab)");
+    CK(cudaMemset(c->ttab_dev, 0, sizeof *c->ttab_dev), "cudaMemset(ttab)"); /* tag 0: none */
     for (int i = 0; i < 2; i++) { /* zeroed once: k_quant_x_img never writes the padding */
         CK(cudaMalloc((void **)&c->ximg[i], k_gu4_xbytes(s->dim)), "cudaMalloc(ximg)");
         CK(cudaMemset(c->ximg[i], 0, k_gu4_xbytes(s->dim)), "cudaMemset(ximg)");
@@ -624,7 +624,7 @@ extern "C" void sl_gpu_close(sl_gpu_ctx **pc)
     cudaFreeHost(c->kroute);
     cudaFreeHost(c->forced);
     cudaFree(c->tab_dev);
-    cudaFree(c->tab_seq_dev);
+    cudaFree(c->ttab_dev);
     cudaFree(c->ximg[0]);
     cudaFree(c->ximg[1]);
     if (c->ev_picks) cudaEventDestroy(c->ev_picks);
@@ -813,7 +813,7 @@ static cudaError_t launch_select(sl_gpu_ctx *c, const float *bias, const sl_gpu_
     const uint32_t threads = (s->n_expert + 31) / 32 * 32; /* <= 1024, checked at open */
     return k_launch(k_route_select, 1, threads, 0, c->main, USE_PDL, (const float *)c->logits_dev,
                     bias, s->n_expert, s->n_used, s->norm_topk, s->route_scale, t0, forced,
-                    c->kroute_dev, c->tab_dev, c->sh, with_sh, c->route_seq, c->tab_seq_dev,
+                    c->kroute_dev, c->tab_dev, c->sh, with_sh, c->route_seq, c->ttab_dev,
                     c->rt_stamps);
 }
 
@@ -882,7 +882,7 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
         CK(k_launch(gtd_kernel(c->rs.stamps != NULL, c->gt_qh), grid, GT_NG * GT_NW * 32,
                     gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,
                     (const uint8_t *)c->ximg[0], s->dim, s->inter, s->swiglu_limit, c->rs, c->sh,
-                    with_sh, (const unsigned *)(c->gtd_flag ? c->tab_seq_dev : NULL),
+                    with_sh, (const sl_kttab *)(c->gtd_flag ? c->ttab_dev : NULL),
                     (unsigned)c->route_seq),
            "k_gateup_tma_dev_q2_k");
     }

@@ -95,6 +95,36 @@ __device__ __forceinline__ void k_st_release(unsigned *p, unsigned v)
     asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ unsigned long long k_ld_relaxed64(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void k_st_relaxed64(unsigned long long *p, unsigned long long v)
+{
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
+}
+
+/* The device tier's gate/up table as the selection publishes it to the device-table
+ * gate/up: 64-bit words, each carrying the routing's tag (its number mod 15, plus 1,
+ * so that the zeros it starts from never match) in its low 4 bits, so that every word
+ * proves itself current and one round of loads reads a complete table, with no flag
+ * and no fence between the table and the flag. w[0]: n << 4; entry i: w[1 + 3i] gate,
+ * w[2 + 3i] up (16-byte aligned: the bulk copies need it), w[3 + 3i] the routing
+ * weight's bits << 32 | slot << 4. Each word is single-copy atomic (aligned, relaxed
+ * at gpu scope). */
+#define SL_KTT_WORDS (1 + 3 * SL_GPU_MAX_USED)
+struct sl_kttab {
+    unsigned long long w[SL_KTT_WORDS];
+};
+
+__host__ __device__ inline unsigned k_ttab_tag(uint32_t seq)
+{
+    return seq % 15u + 1u;
+}
+
 /* Bench instrumentation of the weight-streaming kernels (NULL in compute/): a group
  * leader's %globaltimer at its milestones, SL_KSTAMP_SLOTS slots a (CTA, group) record:
  * 0 entry, 1 past the previous kernel (and, gate/up, x landed), 2 + 2i unit i's bytes
@@ -1081,8 +1111,8 @@ __device__ __forceinline__ void k_quant_h_last(const sl_kscratch &s, int slot, u
  * barrier), so that more warps per SM hide the decode's latency. x arrives quantized (ximg:
  * k_quant_x_img's bytes, one bulk copy). A unit is decoded with dp4a (k_gateup_dp4a_unit) or, MMA,
  * on the tensor cores (k_gateup_mma_unit, a bench variant). DEV: the table is read from device
- * memory after the wait for the kernel before (the selection), or, with tab_seq, once the selection
- * published it (seq at tab_seq), the wait for the selection's grid then coming at the end; with
+ * memory after the wait for the kernel before (the selection), or, with ttab, from the tagged
+ * table the selection wrote for routing seq, the wait for its grid then coming at the end; with
  * sh_first the shared expert sh, the table's last entry, takes the first units (unit u: entry (u /
  * tpe + n - 1) % n), so that its first stages (and x) are queued before that wait. STG: the
  * host-table form's staggered start. STAMP: the form that records milestones (s.stamps). TR % 4 ==
@@ -1090,11 +1120,10 @@ __device__ __forceinline__ void k_quant_h_last(const sl_kscratch &s, int slot, u
  * one group. */
 template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, bool STG, bool STAMP,
           int QH = 0>
-__device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst,
-                                                  const sl_ktab *tabp, const unsigned *tab_seq,
-                                                  unsigned seq, const sl_kexp &sh, int sh_first,
-                                                  const uint8_t *__restrict__ ximg, uint32_t dim,
-                                                  uint32_t inter, float limit, const sl_kscratch &s)
+__device__ __forceinline__ void
+k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, const sl_kttab *ttab,
+                  unsigned seq, const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg,
+                  uint32_t dim, uint32_t inter, float limit, const sl_kscratch &s)
 {
     static_assert(ST % NG == 0, "stages are split evenly between the groups");
     static_assert(!MMA || (NW == 8 && TR == 16), "mma: 2 tiles x 4 block sets = 8 warps");
@@ -1161,35 +1190,51 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
         [&] {
             if (DEV) k_ximg_load(aq, ximg, dim, xbar);
         },
-        unit, !tab_seq);
-    /* ... which waits for k_quant_x_img (or the router, or the selection; with tab_seq,
+        unit, !ttab);
+    /* ... which waits for k_quant_x_img (or the router, or the selection; with ttab,
      * the selection's table is waited for here and its grid at the end) */
     if (DEV) {
-        static_assert(sizeof(sl_ktab) % 4 == 0 && sizeof(sl_ktab) / 4 <= NG * NW * 32,
-                      "the table is copied a word a thread");
-        if (!tab_seq) {
+        static_assert(SL_KTT_WORDS <= 32, "warp 0 reads the tagged table, a word a lane");
+        if (!ttab) {
             if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
-        } else { /* the selection publishes the table (k_route_select) before its host
-                  * writes and their fence; the wait for its grid comes at the end */
-            if (threadIdx.x == 0) { /* a table that never comes (a selection queued without
-                                     * tab_seq) is a trap after 2 s, not a hang */
-                const unsigned long long t0 = k_globaltimer();
-                while (k_ld_acquire(tab_seq) != seq) {
-                    __nanosleep(64);
-                    if (k_globaltimer() - t0 > 2000000000ull) __trap();
+        } else if (threadIdx.x < 32) { /* the selection's tagged table (k_route_select),
+                                        * written before its host writes and their fence;
+                                        * the wait for its grid comes at the end */
+            const unsigned tag = k_ttab_tag(seq);
+            const unsigned long long t0 = k_globaltimer();
+            for (;;) { /* every word of the table and its header current, in one round */
+                const unsigned long long v =
+                    lane < SL_KTT_WORDS ? k_ld_relaxed64(ttab->w + lane) : 0ull;
+                const unsigned long long hdr = __shfl_sync(~0u, v, 0);
+                const uint32_t n = (uint32_t)(hdr >> 4) & 15u;
+                const bool ok = (hdr & 15u) == tag && n <= SL_GPU_MAX_USED &&
+                                ((uint32_t)lane >= 1 + 3 * n || (v & 15u) == tag);
+                if (__all_sync(~0u, ok)) {
+                    if (lane == 0) tab_dst->n = (int)n;
+                    if (lane >= 1 && (uint32_t)lane < 1 + 3 * n) {
+                        sl_kexp &x = tab_dst->e[(lane - 1) / 3];
+                        const unsigned long long p = v & ~15ull;
+                        if ((lane - 1) % 3 == 0) x.gate = (const uint8_t *)p;
+                        if ((lane - 1) % 3 == 1) x.up = (const uint8_t *)p;
+                        if ((lane - 1) % 3 == 2) {
+                            x.w = __uint_as_float((unsigned)(v >> 32));
+                            x.slot = (int)((uint32_t)v >> 4);
+                        }
+                    }
+                    break;
                 }
+                __nanosleep(32);
+                /* a table that never comes (a selection queued without ttab) is a trap
+                 * after 2 s, not a hang */
+                if (k_globaltimer() - t0 > 2000000000ull) __trap();
             }
-            __syncthreads();
-            /* from L2, a word a thread: the read-only path may hold an older table */
-            if (threadIdx.x < sizeof(sl_ktab) / 4)
-                ((unsigned *)tab_dst)[threadIdx.x] = __ldcg((const unsigned *)tabp + threadIdx.x);
         }
         __syncthreads();
         units = (uint32_t)tab.n * tpe;
         rot = sh_first ? (uint32_t)tab.n - 1 : 0;
         if (unit(0) >= units) { /* only x was queued (early units are < units) */
             k_mbar_wait(xbar, 0);
-            if (tab_seq) k_pdl_wait();
+            if (ttab) k_pdl_wait();
             return;
         }
         if (threadIdx.x == 0)
@@ -1275,7 +1320,7 @@ __device__ __forceinline__ void k_gateup_tma_body(const sl_ktab &tab, sl_ktab *t
         }
     }
     k_stamp_end(rec, i);
-    if (tab_seq) k_pdl_wait(); /* the selection's end comes before this kernel's */
+    if (ttab) k_pdl_wait(); /* the selection's end comes before this kernel's */
 }
 
 /* STAMP: the form that records milestones (s.stamps); the others have no trace of them.
@@ -1295,8 +1340,9 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
 
 /* The same with the table in device memory, written by the kernel before it on the
  * stream (k_route_select: the experts the device tier holds, then the shared expert sh
- * when sh_first, whose units then come first) and published by seq at tab_seq (NULL:
- * the kernel waits for the selection's grid instead); launched for the most experts a
+ * when sh_first, whose units then come first), read from its tagged form ttab as soon
+ * as routing seq's words are all there (NULL: the kernel waits for the selection's grid
+ * and reads tabp instead); launched for the most experts a
  * token may have, the CTAs beyond the table's units return at once. tabp is not
  * restrict: the read-only path may hold an older layer's table. */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
@@ -1304,12 +1350,12 @@ template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false
 __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_dev_q2_k(const sl_ktab *tabp, const uint8_t *__restrict__ ximg, uint32_t dim,
                           uint32_t inter, float limit, const __grid_constant__ sl_kscratch s,
-                          const __grid_constant__ sl_kexp sh, int sh_first, const unsigned *tab_seq,
+                          const __grid_constant__ sl_kexp sh, int sh_first, const sl_kttab *ttab,
                           unsigned seq)
 {
     __shared__ sl_ktab tab;
     k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG, STAMP, QH>(
-        tab, &tab, tabp, tab_seq, seq, sh, sh_first, ximg, dim, inter, limit, s);
+        tab, &tab, tabp, ttab, seq, sh, sh_first, ximg, dim, inter, limit, s);
 }
 
 /* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form) */
@@ -2540,7 +2586,8 @@ struct sl_kroute {
  * were computed. Then each pick's slot (its place in increasing expert id) and, for
  * the picks the device tier holds (t0[expert].gate not NULL; t0 nullable), the table
  * of k_gateup_tma_dev_q2_k, plus the shared expert `sh` when with_sh, published by
- * storing seq at tab_seq (nullable; a release) before the picks go to the host. The
+ * and, with ttab, its tagged form for routing seq (sl_kttab), before the picks go to
+ * the host. The
  * device tier's entries are read before the wait for the router (thread e its
  * expert's, through L2: sl_gpu_t0_set changes them in stream order, and the kernels
  * before the router have completed when this one starts) and handed to the picks'
@@ -2550,7 +2597,7 @@ __global__ void __launch_bounds__(1024)
     k_route_select(const float *__restrict__ logits, const float *__restrict__ bias,
                    uint32_t n_expert, uint32_t k, int norm_topk, float route_scale,
                    const sl_gpu_t0e *__restrict__ t0, const sl_moe_route *forced, sl_kroute *out,
-                   sl_ktab *tab, sl_kexp sh, int with_sh, uint32_t seq, unsigned *tab_seq,
+                   sl_ktab *tab, sl_kexp sh, int with_sh, uint32_t seq, sl_kttab *ttab,
                    unsigned long long *stamps)
 {
     __shared__ float wmax[32], ckey[1024], cscore[1024];
@@ -2657,19 +2704,26 @@ __global__ void __launch_bounds__(1024)
     const bool st = mine && (started >> r & 1);
     const sl_kexp ke = {(const uint8_t *)d.gate, (const uint8_t *)d.up, (const uint8_t *)d.down, wt,
                         (int)slot};
-    if (st) tab->e[__popc(started & ((1u << r) - 1))] = ke; /* by rank among the started */
     const int n = __popc(started);
+    if (ttab) { /* first, the gate/up waits for it: lane i writes entry i's words */
+        const unsigned long long tag = k_ttab_tag(seq);
+        const int i = st ? __popc(started & ((1u << r) - 1)) : (r == k && with_sh ? n : -1);
+        if (i >= 0) {
+            const sl_kexp &x = st ? ke : sh; /* the shared expert rides along (slot k) */
+            k_st_relaxed64(ttab->w + 1 + 3 * i, (unsigned long long)x.gate | tag);
+            k_st_relaxed64(ttab->w + 2 + 3 * i, (unsigned long long)x.up | tag);
+            k_st_relaxed64(ttab->w + 3 + 3 * i, (unsigned long long)__float_as_uint(x.w) << 32 |
+                                                    (unsigned long long)x.slot << 4 | tag);
+        }
+        if (lane == 0) k_st_relaxed64(ttab->w, (unsigned long long)(n + with_sh) << 4 | tag);
+    }
+    k_stamp(rec, SL_GPU_RT_SEL_PUBLISHED);
+    if (st) tab->e[__popc(started & ((1u << r) - 1))] = ke; /* by rank among the started */
     if (lane == 0) {
         if (with_sh) tab->e[n] = sh; /* the shared expert rides along (slot k) */
         tab->n = n + with_sh;
         tab->pk = (1u << (n + with_sh)) - 1; /* the device tier's downs are packed */
     }
-    __syncwarp();
-    if (lane == 0 && tab_seq) { /* the gate/up may start; the host's copy follows */
-        __threadfence();
-        k_st_release(tab_seq, seq);
-    }
-    k_stamp(rec, SL_GPU_RT_SEL_PUBLISHED);
     if (mine) {
         out->expert[r] = ex;
         out->weight[r] = wt;
