@@ -54,7 +54,7 @@ struct sl_kscratch {
 };
 
 #define SL_KSTAMP_SLOTS 32
-#define SL_KSTAMP_UNITS 14
+#define SL_KSTAMP_UNITS 13
 
 /* What the fused layer kernel (k_moe_fused_q2q3) needs besides sl_kscratch. sync is
  * zero between launches (each launch leaves it so): [0, SL_GPU_MAX_USED) the q8_1
@@ -128,7 +128,8 @@ __host__ __device__ inline unsigned k_ttab_tag(uint32_t seq)
 /* Bench instrumentation of the weight-streaming kernels (NULL in compute/): a group
  * leader's %globaltimer at its milestones, SL_KSTAMP_SLOTS slots a (CTA, group) record:
  * 0 entry, 1 past the previous kernel (and, gate/up, x landed), 2 + 2i unit i's bytes
- * landed and 3 + 2i unit i done (i < SL_KSTAMP_UNITS), 30 the group's end, 31 its units. */
+ * landed and 3 + 2i unit i done (i < SL_KSTAMP_UNITS), 28 (the device-table gate/up's
+ * group 0) the selection's table read, 30 the group's end, 31 its units. */
 __device__ __forceinline__ void k_stamp(unsigned long long *rec, uint32_t slot)
 {
     if (rec) rec[slot] = k_globaltimer();
@@ -1210,6 +1211,7 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
                 const bool ok = (hdr & 15u) == tag && n <= SL_GPU_MAX_USED &&
                                 ((uint32_t)lane >= 1 + 3 * n || (v & 15u) == tag);
                 if (__all_sync(~0u, ok)) {
+                    k_stamp(rec, 28);
                     if (lane == 0) tab_dst->n = (int)n;
                     if (lane >= 1 && (uint32_t)lane < 1 + 3 * n) {
                         sl_kexp &x = tab_dst->e[(lane - 1) / 3];

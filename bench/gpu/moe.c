@@ -222,7 +222,7 @@ static void stamp_table(const unsigned long long *st, const char *what)
         "| records |\n|---|---|---|---|---|---|---|\n");
     stamp_row(st, t0, "entry", 0, -1, -1);
     stamp_row(st, t0, "past the kernel before (gate/up: x landed)", 1, 0, -1);
-    for (int i = 0; i < 14; i++) {
+    for (int i = 0; i < MB_ST_UNITS; i++) {
         char name[64];
         snprintf(name, sizeof name, "unit %d landed", i);
         stamp_row(st, t0, name, 2 + 2 * i, i ? 1 + 2 * i : 1, i);
@@ -282,11 +282,13 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
                                                              "end (host's picks written)"};
     for (int k = 0; k <= SL_GPU_RT_SEL_END; k++)
         if (rt[k]) say("| selection | %s | | %.2f | | 1 |\n", sname[k], ((double)rt[k] - t0) / 1e3);
-    static const int slot[3] = {0, 1, 30};
-    static const char *const gname[3] = {"entry", "x and the table landed", "end"};
-    static const char *const dname[3] = {"entry", "past its wait (q8_1 of h)", "end"};
+    static const int slot[4] = {0, 28, 1, 30};
+    static const char *const gname[4] = {"entry", "the table read (group 0's warp 0)",
+                                         "x and the table landed", "end"};
+    static const char *const dname[4] = {"entry", "", "past its wait (q8_1 of h)", "end"};
     for (int w = 0; w < 2; w++)
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 4; k++) {
+            if (w && k == 1) continue;
             double v[3];
             const int n = rec_stats(w ? dn : gu, MB_ST_RECS, MB_ST_SLOTS, 30, slot[k], t0, v);
             if (n)

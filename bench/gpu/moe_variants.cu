@@ -757,7 +757,8 @@ extern "C" int mb_variant_stamped(int v, const mb_io *io, const mb_set *sets, in
     int n_sm = 0;
     CKB(sm_count(&n_sm));
     const size_t bytes = (size_t)MB_ST_RECS * MB_ST_SLOTS * sizeof(unsigned long long);
-    static_assert(MB_ST_SLOTS == SL_KSTAMP_SLOTS, "one record layout");
+    static_assert(MB_ST_SLOTS == SL_KSTAMP_SLOTS && MB_ST_UNITS == SL_KSTAMP_UNITS,
+                  "one record layout");
     CKB(cudaMemset(gu_st, 0, bytes));
     CKB(cudaMemset(dn_st, 0, bytes));
     CKB(cudaDeviceSynchronize());
