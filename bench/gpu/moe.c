@@ -285,7 +285,7 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
     static const int slot[4] = {0, 28, 1, 30};
     static const char *const gname[4] = {"entry", "the table read (group 0's warp 0)",
                                          "x and the table landed", "end"};
-    static const char *const dname[4] = {"entry", "", "past its wait (q8_1 of h)", "end"};
+    static const char *const dname[4] = {"entry", "", "past its wait (the kernel before)", "end"};
     for (int w = 0; w < 2; w++)
         for (int k = 0; k < 4; k++) {
             if (w && k == 1) continue;
