@@ -113,6 +113,7 @@ struct sl_gpu_ctx {
     cudaEvent_t ev_picks;              /* route_start's work is done (the spin's watchdog) */
     int route_pending;                 /* sl_gpu_route_start without its wait yet */
     uint32_t route_seq;                /* the number of the last routing queued */
+    unsigned ttab_tag;                 /* the last selection's tag of ttab_dev: 1..15 in turn */
     const uint16_t *route_x;           /* x of the pending routing */
     uint8_t *ximg[2]; /* x quantized for the bulk-copy gate/up (k_quant_x_img): main, side */
     /* the token between sl_gpu_moe_begin and sl_gpu_moe_finish */
@@ -809,12 +810,13 @@ static cudaError_t launch_select(sl_gpu_ctx *c, const float *bias, const sl_gpu_
                                  const sl_moe_route *forced, int with_sh)
 {
     c->route_seq++;
+    c->ttab_tag = c->ttab_tag % 15 + 1; /* 0 (the zeroed table) never: sl_kttab */
     const sl_moe_shape *s = &c->shape;
     const uint32_t threads = (s->n_expert + 31) / 32 * 32; /* <= 1024, checked at open */
     return k_launch(k_route_select, 1, threads, 0, c->main, USE_PDL, (const float *)c->logits_dev,
                     bias, s->n_expert, s->n_used, s->norm_topk, s->route_scale, t0, forced,
                     c->kroute_dev, c->tab_dev, c->sh, with_sh, c->route_seq, c->ttab_dev,
-                    c->rt_stamps);
+                    c->ttab_tag, c->rt_stamps);
 }
 
 extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *err)
@@ -822,6 +824,9 @@ extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *er
     if (!c || !p) return sl_err_set(err, SL_EINVAL, "sl_gpu_set_probe: NULL argument");
     if (c->in_token || c->route_pending)
         return sl_err_set(err, SL_EINVAL, "sl_gpu_set_probe: a token is in flight");
+    if (p->qh_form != 0 && p->qh_form != 1 && p->qh_form != 3 && p->qh_form != 4)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_set_probe: qh_form %d (0, 1, 3 or 4)",
+                          p->qh_form);
     if (p->gu_stamps || p->dn_stamps) { /* the most (CTA, group) records a launch writes */
         const uint32_t gu =
             (uint32_t)(c->gt_occ > c->gtd_occ ? c->gt_occ : c->gtd_occ) * (uint32_t)c->n_sm * GT_NG;
@@ -882,8 +887,7 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
         CK(k_launch(gtd_kernel(c->rs.stamps != NULL, c->gt_qh), grid, GT_NG * GT_NW * 32,
                     gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,
                     (const uint8_t *)c->ximg[0], s->dim, s->inter, s->swiglu_limit, c->rs, c->sh,
-                    with_sh, (const sl_kttab *)(c->gtd_flag ? c->ttab_dev : NULL),
-                    (unsigned)c->route_seq),
+                    with_sh, (const sl_kttab *)(c->gtd_flag ? c->ttab_dev : NULL), c->ttab_tag),
            "k_gateup_tma_dev_q2_k");
     }
     /* the watchdog of sl_gpu_route_wait's spin; after the gate/up, since a stream

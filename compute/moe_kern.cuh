@@ -108,22 +108,19 @@ __device__ __forceinline__ void k_st_relaxed64(unsigned long long *p, unsigned l
 }
 
 /* The device tier's gate/up table as the selection publishes it to the device-table
- * gate/up: 64-bit words, each carrying the routing's tag (its number mod 15, plus 1,
- * so that the zeros it starts from never match) in its low 4 bits, so that every word
- * proves itself current and one round of loads reads a complete table, with no flag
- * and no fence between the table and the flag. w[0]: n << 4; entry i: w[1 + 3i] gate,
- * w[2 + 3i] up (16-byte aligned: the bulk copies need it), w[3 + 3i] the routing
- * weight's bits << 32 | slot << 4. Each word is single-copy atomic (aligned, relaxed
- * at gpu scope). */
+ * gate/up: 64-bit words, each carrying the selection's tag in its low 4 bits (1..15 in
+ * turn, one a selection, kept by the context apart from the routing's number; the zeros
+ * the table starts from never match), so that every word proves itself current and
+ * one round of loads reads a complete table, with no flag and no fence between the
+ * table and a flag. w[0]: n << 4; entry i: w[1 + 3i] gate, w[2 + 3i] up (16-byte
+ * aligned: the bulk copies need it), w[3 + 3i] the routing weight's bits << 32 | slot
+ * << 4. Every selection writes every word (the entries past n with a zero payload), so
+ * a word not yet rewritten carries the last selection's tag, never this one's. Each
+ * word is single-copy atomic (aligned, relaxed at gpu scope). */
 #define SL_KTT_WORDS (1 + 3 * SL_GPU_MAX_USED)
 struct sl_kttab {
     unsigned long long w[SL_KTT_WORDS];
 };
-
-__host__ __device__ inline unsigned k_ttab_tag(uint32_t seq)
-{
-    return seq % 15u + 1u;
-}
 
 /* Bench instrumentation of the weight-streaming kernels (NULL in compute/): a group
  * leader's %globaltimer at its milestones, SL_KSTAMP_SLOTS slots a (CTA, group) record:
@@ -1113,7 +1110,7 @@ __device__ __forceinline__ void k_quant_h_last(const sl_kscratch &s, int slot, u
  * k_quant_x_img's bytes, one bulk copy). A unit is decoded with dp4a (k_gateup_dp4a_unit) or, MMA,
  * on the tensor cores (k_gateup_mma_unit, a bench variant). DEV: the table is read from device
  * memory after the wait for the kernel before (the selection), or, with ttab, from the tagged
- * table the selection wrote for routing seq, the wait for its grid then coming at the end; with
+ * table the selection wrote with tag `tag`, the wait for its grid then coming at the end; with
  * sh_first the shared expert sh, the table's last entry, takes the first units (unit u: entry (u /
  * tpe + n - 1) % n), so that its first stages (and x) are queued before that wait. STG: the
  * host-table form's staggered start. STAMP: the form that records milestones (s.stamps). TR % 4 ==
@@ -1123,7 +1120,7 @@ template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, bool STG
           int QH = 0>
 __device__ __forceinline__ void
 k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, const sl_kttab *ttab,
-                  unsigned seq, const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg,
+                  unsigned tag, const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg,
                   uint32_t dim, uint32_t inter, float limit, const sl_kscratch &s)
 {
     static_assert(ST % NG == 0, "stages are split evenly between the groups");
@@ -1196,12 +1193,12 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
      * the selection's table is waited for here and its grid at the end) */
     if (DEV) {
         static_assert(SL_KTT_WORDS <= 32, "warp 0 reads the tagged table, a word a lane");
+        static_assert(!(DEV && PFD), "the tagged table carries no down pointers to prefetch");
         if (!ttab) {
             if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         } else if (threadIdx.x < 32) { /* the selection's tagged table (k_route_select),
                                         * written before its host writes and their fence;
                                         * the wait for its grid comes at the end */
-            const unsigned tag = k_ttab_tag(seq);
             const unsigned long long t0 = k_globaltimer();
             for (;;) { /* every word of the table and its header current, in one round */
                 const unsigned long long v =
@@ -1343,7 +1340,7 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
 /* The same with the table in device memory, written by the kernel before it on the
  * stream (k_route_select: the experts the device tier holds, then the shared expert sh
  * when sh_first, whose units then come first), read from its tagged form ttab as soon
- * as routing seq's words are all there (NULL: the kernel waits for the selection's grid
+ * as its words carry the selection's tag `tag` (NULL: the kernel waits for the selection's grid
  * and reads tabp instead); launched for the most experts a
  * token may have, the CTAs beyond the table's units return at once. tabp is not
  * restrict: the read-only path may hold an older layer's table. */
@@ -1353,11 +1350,11 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
     k_gateup_tma_dev_q2_k(const sl_ktab *tabp, const uint8_t *__restrict__ ximg, uint32_t dim,
                           uint32_t inter, float limit, const __grid_constant__ sl_kscratch s,
                           const __grid_constant__ sl_kexp sh, int sh_first, const sl_kttab *ttab,
-                          unsigned seq)
+                          unsigned tag)
 {
     __shared__ sl_ktab tab;
     k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG, STAMP, QH>(
-        tab, &tab, tabp, ttab, seq, sh, sh_first, ximg, dim, inter, limit, s);
+        tab, &tab, tabp, ttab, tag, sh, sh_first, ximg, dim, inter, limit, s);
 }
 
 /* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form) */
@@ -2588,8 +2585,8 @@ struct sl_kroute {
  * were computed. Then each pick's slot (its place in increasing expert id) and, for
  * the picks the device tier holds (t0[expert].gate not NULL; t0 nullable), the table
  * of k_gateup_tma_dev_q2_k, plus the shared expert `sh` when with_sh, published by
- * and, with ttab, its tagged form for routing seq (sl_kttab), before the picks go to
- * the host. The
+ * and, with ttab, its tagged form (sl_kttab, every word tagged ttag), before the picks
+ * go to the host. The
  * device tier's entries are read before the wait for the router (thread e its
  * expert's, through L2: sl_gpu_t0_set changes them in stream order, and the kernels
  * before the router have completed when this one starts) and handed to the picks'
@@ -2600,7 +2597,7 @@ __global__ void __launch_bounds__(1024)
                    uint32_t n_expert, uint32_t k, int norm_topk, float route_scale,
                    const sl_gpu_t0e *__restrict__ t0, const sl_moe_route *forced, sl_kroute *out,
                    sl_ktab *tab, sl_kexp sh, int with_sh, uint32_t seq, sl_kttab *ttab,
-                   unsigned long long *stamps)
+                   unsigned ttag, unsigned long long *stamps)
 {
     __shared__ float wmax[32], ckey[1024], cscore[1024];
     __shared__ uint32_t cidx[1024], n_cand, pick[SL_GPU_MAX_USED];
@@ -2707,8 +2704,10 @@ __global__ void __launch_bounds__(1024)
     const sl_kexp ke = {(const uint8_t *)d.gate, (const uint8_t *)d.up, (const uint8_t *)d.down, wt,
                         (int)slot};
     const int n = __popc(started);
-    if (ttab) { /* first, the gate/up waits for it: lane i writes entry i's words */
-        const unsigned long long tag = k_ttab_tag(seq);
+    if (ttab) { /* first, the gate/up waits for it: every word, tagged ttag */
+        const unsigned long long tag = ttag;
+        const int tot = n + with_sh;
+        /* a pick's lane its entry (by rank among the started), lane k the shared expert's */
         const int i = st ? __popc(started & ((1u << r) - 1)) : (r == k && with_sh ? n : -1);
         if (i >= 0) {
             const sl_kexp &x = st ? ke : sh; /* the shared expert rides along (slot k) */
@@ -2717,7 +2716,9 @@ __global__ void __launch_bounds__(1024)
             k_st_relaxed64(ttab->w + 3 + 3 * i, (unsigned long long)__float_as_uint(x.w) << 32 |
                                                     (unsigned long long)x.slot << 4 | tag);
         }
-        if (lane == 0) k_st_relaxed64(ttab->w, (unsigned long long)(n + with_sh) << 4 | tag);
+        if ((int)lane >= tot && lane < SL_GPU_MAX_USED) /* entries past n: the tag alone */
+            for (int j = 1; j <= 3; j++) k_st_relaxed64(ttab->w + 3 * lane + j, tag);
+        if (lane == 0) k_st_relaxed64(ttab->w, (unsigned long long)tot << 4 | tag);
     }
     k_stamp(rec, SL_GPU_RT_SEL_PUBLISHED);
     if (st) tab->e[__popc(started & ((1u << r) - 1))] = ke; /* by rank among the started */

@@ -663,7 +663,7 @@ static cudaError_t fl_queue(const mb_layer *L, int it, int n_sm)
                   (const float *)fl_logits, (const float *)NULL, L->n_expert, L->n_used,
                   L->norm_topk, L->route_scale, (const sl_gpu_t0e *)L->t0,
                   (const sl_moe_route *)L->forced + it % L->n_forced, fl_route, fl_tab, sh, 1,
-                  (uint32_t)it + 1, (sl_kttab *)NULL, (unsigned long long *)NULL);
+                  (uint32_t)it + 1, (sl_kttab *)NULL, 0u, (unsigned long long *)NULL);
     if (rc != cudaSuccess) return rc;
     const sl_kscratch s = {io->h, io->hq, io->hd, io->cnt};
     const sl_kfuse f = {io->sync, io->part,           NULL,      io->out_f32,

@@ -861,8 +861,10 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
         /* Tokens back to back, nothing waited for between them but the picks: each has
          * its own x, other routing weights and, from the second on, another device-tier
          * table (one more pick in or out), so the gate/up reading an earlier token's
-         * table or x shows. */
-        enum { NT = 6 };
+         * table or x shows. More tokens than the tagged table has tags (15), with the
+         * number of its entries moving, so that an entry left from a selection with
+         * the same tag would show too. */
+        enum { NT = 36 };
         void *ot[NT], *ft[NT], *xt[NT];
         uint16_t *xh[NT];
         sl_moe_route fr[NT];
@@ -930,7 +932,7 @@ static void check_split(uint32_t dim, uint32_t inter, uint32_t n_used, int trial
     cr_assert_eq(sl_gpu_sync(c, &err), 0, "%s", err.msg);
     printf("gpu split dim %u inter %u n %u placement %s: %d random splits (some with the "
            "queued experts' down early), the device-routed start (device tier = the 'd' "
-           "experts) and 6 device-routed tokens back to back (other x, weights and tables) "
+           "experts) and 36 device-routed tokens back to back (other x, weights and tables) "
            "bit-exact with the one-shot call and the emulation; device picks = router.c's\n",
            dim, inter, n_used, where, trials);
 
