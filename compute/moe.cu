@@ -237,13 +237,23 @@ static decltype(&k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gtd_kernel(b
     return stamp ? gtd_kernel_qh<true>(qh) : gtd_kernel_qh<false>(qh);
 }
 
-/* The CTAs of a bulk-copy gate/up of `units` units, at most occ an SM: with h's q8_1,
- * no more than the chunks (32 / GT_TR units each). */
-static uint32_t gt_grid(const sl_gpu_ctx *c, uint32_t units, int occ)
+/* The CTAs of a bulk-copy gate/up of `units` units, at most occ an SM: with h's q8_1
+ * (qh), no more than the chunks (32 / GT_TR units each). */
+static uint32_t gt_grid(const sl_gpu_ctx *c, uint32_t units, int occ, int qh)
 {
     uint32_t grid = (uint32_t)(occ * c->n_sm);
-    const uint32_t need = c->gt_qh ? units / (32 / GT_TR) : units;
+    const uint32_t need = qh ? units / (32 / GT_TR) : units;
     return grid > need ? need : grid;
+}
+
+/* The form of h's q8_1 for a host-table bulk-copy gate/up of n experts: in the gate/up
+ * (c->gt_qh) when its chunks keep at least half of the warp groups busy; else 0, and
+ * k_quant_h after it (a launch of few experts would give each group whole chunks, 4
+ * units in turn, where the round-robin order spreads them over every group). */
+static int gt_qh_for(const sl_gpu_ctx *c, int n)
+{
+    const uint32_t chunks = (uint32_t)n * (c->shape.inter / 32);
+    return 2 * chunks >= (uint32_t)(c->gt_occ * c->n_sm * GT_NG) ? c->gt_qh : 0;
 }
 
 /* The bulk-copy down on packed blocks (device memory), recording milestones or not; raw:
@@ -282,8 +292,9 @@ static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const 
         uint8_t *img = c->ximg[st == c->side];
         cudaError_t rc = launch_quant_img(c, x, img, st, pdl);
         if (rc != cudaSuccess) return rc;
-        const uint32_t grid = gt_grid(c, (uint32_t)tab.n * (inter / GT_TR), c->gt_occ);
-        return k_launch(gt_kernel(c->gt_stg, s.stamps != NULL, c->gt_qh), grid, GT_NG * GT_NW * 32,
+        const int qh = gt_qh_for(c, tab.n);
+        const uint32_t grid = gt_grid(c, (uint32_t)tab.n * (inter / GT_TR), c->gt_occ, qh);
+        return k_launch(gt_kernel(c->gt_stg, s.stamps != NULL, qh), grid, GT_NG * GT_NW * 32,
                         gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img, dim, inter, limit, s);
     }
     const uint32_t units = (uint32_t)tab.n * inter;
@@ -883,7 +894,7 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
     if (with_sh) c->sh_state = SH_MERGED;
     if (t0) { /* right after the selection (PDL): the shared expert's rows load meanwhile */
         const uint32_t grid =
-            gt_grid(c, (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR), c->gtd_occ);
+            gt_grid(c, (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR), c->gtd_occ, c->gt_qh);
         CK(k_launch(gtd_kernel(c->rs.stamps != NULL, c->gt_qh), grid, GT_NG * GT_NW * 32,
                     gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,
                     (const uint8_t *)c->ximg[0], s->dim, s->inter, s->swiglu_limit, c->rs, c->sh,
@@ -931,6 +942,7 @@ extern "C" int sl_gpu_route_wait(sl_gpu_ctx *c, sl_moe_route *route, uint32_t *s
             note_down(c, slot);
             if (c->gt_qh) c->qh_done |= 1u << slot; /* the device-table gate/up's */
         }
+    if (c->sh_state == SH_MERGED && c->gt_qh) c->qh_done |= 1u << n; /* it rode there too */
     c->queued = *started;
     return 0;
 }
@@ -993,7 +1005,7 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
         const bool gt = c->gt_ok && !in_host(sh->gate) && !in_host(sh->up);
         const bool dt = c->dt_ok && down_dev;
         CK(launch_gateup(c, tab, x, c->ss, c->side, gt, false), "gate/up (shared)");
-        CK(launch_quant_h(c, c->ss, 1, gt && c->gt_qh ? 0u : ~0u, c->side, false),
+        CK(launch_quant_h(c, c->ss, 1, gt && gt_qh_for(c, 1) ? 0u : ~0u, c->side, false),
            "k_quant_h (shared)");
         CK(launch_down(c, tab, c->ss, NULL, c->y_sh, NULL, c->side, dt, USE_PDL && dt),
            "down (shared)");
@@ -1066,7 +1078,7 @@ extern "C" int sl_gpu_moe_part(sl_gpu_ctx *c, const uint32_t *ranks, uint32_t nr
         if (tab[h].n)
             CK(launch_gateup(c, tab[h], c->x, c->rs, c->main, h == 0, USE_PDL && h == 0),
                h ? "k_gateup_q2_k" : "k_gateup_tma_q2_k");
-    if (c->gt_qh) /* the bulk-copy launch wrote its experts' q8_1 of h */
+    if (gt_qh_for(c, tab[0].n)) /* the bulk-copy launch wrote its experts' q8_1 of h */
         for (int i = 0; i < tab[0].n; i++) c->qh_done |= 1u << tab[0].e[i].slot;
     return 0;
 }
@@ -1100,12 +1112,12 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
             one.e[0] = c->sh;
             CK(launch_gateup(c, one, c->sh_x, c->rs, c->main, true, USE_PDL),
                "k_gateup_tma_q2_k (shared)");
-        }
+            if (gt_qh_for(c, 1)) c->qh_done |= 1u << n;
+        } /* else the launch it rode with said whether it wrote its q8_1 (qh_done) */
         merge_shared(c);
         c->all.n = (int)n + 1;
         nq = n + 1;
         c->last_merged = 1;
-        if (c->gt_qh) c->qh_done |= 1u << n; /* it rode with a bulk-copy gate/up */
     }
     c->sh_state = SH_NONE;
     CK(join_copies(c), "wait for the copies");
@@ -1160,10 +1172,9 @@ extern "C" int sl_gpu_moe_down_early(sl_gpu_ctx *c, sl_err *err)
     uint32_t done = 0; /* slots whose gate/up is queued */
     for (uint32_t r = 0; r < n; r++)
         if (c->queued >> r & 1) done |= 1u << c->slot_of[r];
-    if (c->sh_state == SH_MERGED) {
+    if (c->sh_state == SH_MERGED) { /* qh_done says whether its launch wrote its q8_1 */
         done |= 1u << n;
         merge_shared(c);
-        if (c->gt_qh) c->qh_done |= 1u << n;
     }
     const uint32_t now = done & ~c->early;
     if (!now) return 0;

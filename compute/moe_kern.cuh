@@ -265,6 +265,16 @@ __device__ __forceinline__ int k_q8_lane(float v, float *d)
     return sl_emu_q8_code(v, *d, amax);
 }
 
+/* q8_1 group g of h (value v of each lane) into s.hq and s.hd: k_quant_h's bits, the
+ * one store of h's q8_1 that every kernel writing it shares. */
+__device__ __forceinline__ void k_quant_h_group(const sl_kscratch &s, uint32_t g, float v, int lane)
+{
+    float d;
+    const int q = k_q8_lane(v, &d);
+    s.hq[(size_t)g * 32 + lane] = (int8_t)q;
+    if (lane == 0) s.hd[g] = d;
+}
+
 /* Block b of the activation (value v of each lane) into codes aq, scale ad[b] and the
  * two sums of 16 codes as; PAD: k_quant_x's padded layout. */
 template <bool PAD>
@@ -455,13 +465,8 @@ __device__ __forceinline__ void k_swiglu_out(float g, float u, float w, float li
     if (old != 31) return;
     __threadfence();
     const float v = __ldcg(&s.h[(size_t)grp * 32 + lane]);
-    float d;
-    const int q = k_q8_lane(v, &d);
-    s.hq[(size_t)grp * 32 + lane] = (int8_t)q;
-    if (lane == 0) {
-        s.hd[grp] = d;
-        s.cnt[grp] = 0;
-    }
+    k_quant_h_group(s, grp, v, lane);
+    if (lane == 0) s.cnt[grp] = 0;
 }
 
 /* Gate and up (Q2_K) of every expert of the table, one row pair per warp step, then
@@ -1086,10 +1091,7 @@ __device__ __forceinline__ void k_quant_h_last(const sl_kscratch &s, int slot, u
         s.cnt[g] = 0; /* every unit of the group has counted: ready for the next launch */
     }
     __syncwarp();
-    float d;
-    const int q = k_q8_lane(__ldcg(&s.h[(size_t)g * 32 + lane]), &d);
-    s.hq[(size_t)g * 32 + lane] = (int8_t)q;
-    if (lane == 0) s.hd[g] = d;
+    k_quant_h_group(s, g, __ldcg(&s.h[(size_t)g * 32 + lane]), lane);
 }
 
 /* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (QH: and its
@@ -1301,11 +1303,8 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
                     k_fence_proxy();
                     for (uint32_t gg = 0; gg < (QH == 4 ? NG : 1); gg++) issue(k + gg + ST);
                 }
-                float d;
-                const uint32_t g = (uint32_t)ex.slot * (inter / 32) + (r0 - (PG - 1) * TR) / 32;
-                const int q = k_q8_lane(v, &d);
-                s.hq[(size_t)g * 32 + lane] = (int8_t)q;
-                if (lane == 0) s.hd[g] = d;
+                k_quant_h_group(s, (uint32_t)ex.slot * (inter / 32) + (r0 - (PG - 1) * TR) / 32, v,
+                                lane);
             }
         }
         if (QH == 1 && warp == NW - 1) k_quant_h_last<TR>(s, ex.slot, inter, r0, lane);
@@ -1606,16 +1605,45 @@ __device__ __forceinline__ void k_mma2_q3_k(const uint8_t *tile, uint32_t rb,
     }
 }
 
+/* What lane sub = 2j + q of a Q3_K row (4 lanes a row) takes of every block: groups
+ * g = 4j + q and g + 2. The fields in place (k_dp4a_us): group g's low bits at 2q,
+ * g + 2's at 2q + 4 of every qs byte, their high bits at bits g and g + 2 of every
+ * hmask byte; a code is low - 4 * (1 - hbit), so a group's sum is sum(low * a) -
+ * 4 * sum(!hbit * a). The lane's four 6-bit scales (sub-blocks 2g, 2g + 1, 2g + 4,
+ * 2g + 5): low nibbles j of bytes 2q, 2q + 1, 2q + 4, 2q + 5, high pairs at bits 4j
+ * (4j + 2 for the last two) of bytes 8 + 2q, 8 + 2q + 1 of the 12 packed bytes. */
+struct k_q3_sel {
+    int j, q, g, ns;
+    uint32_t mq0, mq1, mh0, mh1, sel_lo, sel_hi;
+};
+
+__device__ __forceinline__ k_q3_sel k_q3_sel_of(int sub)
+{
+    k_q3_sel s;
+    s.j = sub >> 1;
+    s.q = sub & 1;
+    s.g = 4 * s.j + s.q;
+    s.ns = 4 * s.j;
+    s.mq0 = 0x03030303u << (2 * s.q);
+    s.mq1 = s.mq0 << 4;
+    s.mh0 = 0x01010101u << s.g;
+    s.mh1 = s.mh0 << 2;
+    s.sel_lo = s.q ? 0x7632u : 0x5410u;
+    s.sel_hi = s.q ? 0x3232u : 0x1010u;
+    return s;
+}
+
 /* Block b of k_dot2_q3_k's lane (its masks and selectors as named there), into acc; PART:
  * its two steps' operands instead, (d * isum, d8) of group i at part[32 * i] (another
  * warp's chain takes them: sl_emu_q3_k_step's bits). */
 template <int BB, bool PART = false>
-__device__ __forceinline__ void k_dot2_block(const uint8_t *row, const int8_t *__restrict__ aq,
-                                             const float *__restrict__ ad, uint32_t b, int j, int q,
-                                             int g, uint32_t mq0, uint32_t mq1, uint32_t mh0,
-                                             uint32_t mh1, uint32_t sel_lo, uint32_t sel_hi, int ns,
-                                             float (&acc)[2], float2 *part = nullptr)
+__device__ __forceinline__ void
+k_dot2_block(const uint8_t *row, const int8_t *__restrict__ aq, const float *__restrict__ ad,
+             uint32_t b, const k_q3_sel &ls, float (&acc)[2], float2 *part = nullptr)
 {
+    const int j = ls.j, q = ls.q, g = ls.g, ns = ls.ns;
+    const uint32_t mq0 = ls.mq0, mq1 = ls.mq1, mh0 = ls.mh0, mh1 = ls.mh1;
+    const uint32_t sel_lo = ls.sel_lo, sel_hi = ls.sel_hi;
     const uint8_t *blk = row + BB * b;
     uint32_t hm[8], qw[8], sw[3];
     float d;
@@ -1669,8 +1697,8 @@ __device__ __forceinline__ void k_dot2_block(const uint8_t *row, const int8_t *_
     }
 }
 
-/* The two accumulators (groups g = 4j + q and g + 2 of every block, in increasing b)
- * of lane sub = 2j + q of one Q3_K row (4 lanes a row; row 2-byte aligned in shared
+/* The two accumulators (k_q3_sel's groups of every block, in increasing b) of lane
+ * sub of one Q3_K row (4 lanes a row; row 2-byte aligned in shared
  * memory; the activation read through L1). The two groups share their qs, hmask and
  * scale words (shifts 2q and 2q + 4), which halves the shared-memory loads and
  * realignments of k_dot_q3_k per weight. UNR 2: two blocks' chains interleave (a lone
@@ -1681,30 +1709,17 @@ k_dot2_q3_k(const uint8_t *row, const int8_t *__restrict__ aq, const float *__re
             uint32_t nb, int sub, float (&acc)[2], uint32_t b0 = 0, float2 *part = nullptr)
 {
     static_assert(BB == 110 || BB == SL_Q3K_PACKED, "a raw or a packed Q3_K block");
-    const int j = sub >> 1, q = sub & 1, g = 4 * j + q; /* groups g and g + 2 */
-    /* The fields in place (k_dp4a_us): group g's low bits at 2q, g + 2's at 2q + 4 of
-     * every qs byte, their high bits at bits g and g + 2 of every hmask byte. A code is
-     * low - 4 * (1 - hbit), so a group's sum is sum(low * a) - 4 * sum(!hbit * a). */
-    const uint32_t mq0 = 0x03030303u << (2 * q), mq1 = mq0 << 4;
-    const uint32_t mh0 = 0x01010101u << g, mh1 = mh0 << 2;
-    /* The lane's four 6-bit scales (sub-blocks 2g, 2g + 1, 2g + 4, 2g + 5): low nibbles
-     * j of bytes 2q, 2q + 1, 2q + 4, 2q + 5, high pairs at bits 4j (4j + 2 for the last
-     * two) of bytes 8 + 2q, 8 + 2q + 1 of the 12 packed bytes. */
-    const uint32_t sel_lo = q ? 0x7632u : 0x5410u, sel_hi = q ? 0x3232u : 0x1010u;
-    const int ns = 4 * j;
+    const k_q3_sel ls = k_q3_sel_of(sub);
     acc[0] = 0.0f;
     acc[1] = 0.0f;
     if (PART) { /* blocks b0 .. nb - 1: their steps' operands, 64 float2 apart a block */
         for (uint32_t b = b0; b < nb; b++)
-            k_dot2_block<BB, true>(row, aq, ad, b, j, q, g, mq0, mq1, mh0, mh1, sel_lo, sel_hi, ns,
-                                   acc, part + 64 * (b - b0));
+            k_dot2_block<BB, true>(row, aq, ad, b, ls, acc, part + 64 * (b - b0));
     } else if (UNR == 2) {
 #pragma unroll 2
-        for (uint32_t b = 0; b < nb; b++)
-            k_dot2_block<BB>(row, aq, ad, b, j, q, g, mq0, mq1, mh0, mh1, sel_lo, sel_hi, ns, acc);
+        for (uint32_t b = 0; b < nb; b++) k_dot2_block<BB>(row, aq, ad, b, ls, acc);
     } else {
-        for (uint32_t b = 0; b < nb; b++)
-            k_dot2_block<BB>(row, aq, ad, b, j, q, g, mq0, mq1, mh0, mh1, sel_lo, sel_hi, ns, acc);
+        for (uint32_t b = 0; b < nb; b++) k_dot2_block<BB>(row, aq, ad, b, ls, acc);
     }
 }
 
@@ -1717,6 +1732,25 @@ __device__ __forceinline__ float k_comb22(float (&a)[2])
     a[1] = sl_emu_add(a[1], __shfl_xor_sync(~0u, a[1], 2));
     const float t = sl_emu_add(a[0], a[1]);
     return sl_emu_add(t, __shfl_xor_sync(~0u, t, 1));
+}
+
+/* Output row o of a down: the experts' bf16-rounded rows y[x * stride] (table order,
+ * increasing expert id) summed, + extra, into out_f32 and/or out_bf16; with part, each
+ * expert's row written apart at its slot instead (k_combine sums them). */
+__device__ __forceinline__ void
+k_down_store(const sl_ktab &tab, uint32_t o, uint32_t dim, const float *y, int stride,
+             const float *__restrict__ extra, float *__restrict__ out_f32,
+             uint16_t *__restrict__ out_bf16, float *__restrict__ part)
+{
+    if (part) {
+        for (int x = 0; x < tab.n; x++) part[(size_t)tab.e[x].slot * dim + o] = y[x * stride];
+        return;
+    }
+    float v = 0.0f;
+    for (int x = 0; x < tab.n; x++) v = sl_emu_add(v, y[x * stride]);
+    if (extra) v = sl_emu_add(v, extra[o]);
+    if (out_f32) out_f32[o] = v;
+    if (out_bf16) out_bf16[o] = sl_emu_bf16_bits(v);
 }
 
 /* Down (Q3_K) of every expert of the table and their sum, persistent over tiles of TD
@@ -1856,18 +1890,8 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
             k_fence_proxy();
             issue(k + ST);
         }
-        if (in < TD) {
-            const uint32_t o = t * TD + in;
-            if (part) { /* each expert's rows apart, by slot; k_combine sums them */
-                for (int x = 0; x < n; x++) part[(size_t)tab.e[x].slot * dim + o] = y[x][in];
-            } else {
-                float v = 0.0f;
-                for (int x = 0; x < n; x++) v = sl_emu_add(v, y[x][in]);
-                if (extra) v = sl_emu_add(v, extra[o]);
-                if (out_f32) out_f32[o] = v;
-                if (out_bf16) out_bf16[o] = sl_emu_bf16_bits(v);
-            }
-        }
+        if (in < TD)
+            k_down_store(tab, t * TD + in, dim, &y[0][in], TD, extra, out_f32, out_bf16, part);
         k_stamp_unit(rec, i, 1);
     }
     if (SPLIT && kl != ~0u && grp == 1) { /* group 0's last tile, blocks nb / 2 .. nb - 1 */
@@ -1921,6 +1945,102 @@ template <int LPR, int TD, int ST, int NG> struct k_down_kern<LPR, TD, ST, NG, t
     static constexpr auto fn = &k_down_mma_q3_k<LPR, TD, ST, NG>;
 };
 
+/* ---- the down in one round: a CTA a tile ----
+ *
+ * k_down_pt_q3_k's CTAs run two groups of n warps over two stages of whole tiles, so an
+ * SM serves 4 tiles at a time (28 warps at 64 registers): at dim 5120 the 640 tiles of a
+ * 7-expert token leave 112 for a second round, which runs alone for ~4 us. Here a CTA
+ * is one tile of SL_DR_TD output rows: warp e computes expert e's rows (4 lanes a row,
+ * k_dot2_block's arithmetic, blocks in increasing order) and streams them through a
+ * ring of NB chunks of CB blocks (the 8 rows' blocks c * CB ..) in its own shared
+ * memory, copied by its own lanes with cp.async: no mbarrier, no CTA barrier before the
+ * sum. At CB 3, NB 2 a warp holds 5.25 KB, so 5 CTAs fit an SM (35 warps at 56
+ * registers, 189 KB at n = 7) and every tile of such a token is resident at once. The
+ * sum and the outputs are k_down_pt_q3_k's (k_down_store). Packed blocks in device
+ * memory only (16-byte aligned rows). blockDim = 32 * n, grid = dim / SL_DR_TD.
+ * Milestones (STAMP, CTA c's record c): 0 entry, 1 past the kernel before, 2 warp 0's
+ * first chunk landed, 3 the tile's rows stored, 30 the end. */
+#define SL_DR_TD   8
+#define SL_DR_REGS 56
+
+__host__ __device__ constexpr uint32_t k_dr_warp_bytes(int cb, int nb)
+{
+    return (uint32_t)nb * SL_DR_TD * cb * SL_Q3K_PACKED;
+}
+
+/* cp.async.wait_group with a count known at run time (0 .. 3) */
+__device__ __forceinline__ void k_cp_wait_upto(uint32_t pending)
+{
+    if (pending >= 3)
+        k_cp_wait<3>();
+    else if (pending == 2)
+        k_cp_wait<2>();
+    else if (pending == 1)
+        k_cp_wait<1>();
+    else
+        k_cp_wait<0>();
+}
+
+template <int CB, int NB, bool STAMP = false>
+__global__ void __maxnreg__(SL_DR_REGS)
+    k_down_ring_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
+                     const float *__restrict__ hd, uint32_t dim, uint32_t inter,
+                     const float *__restrict__ extra, float *__restrict__ out_f32,
+                     uint16_t *__restrict__ out_bf16, float *__restrict__ part,
+                     unsigned long long *stamps)
+{
+    static_assert(CB >= 1 && NB >= 2 && NB <= 4, "a ring of 2 to 4 chunks");
+    constexpr int BB = SL_Q3K_PACKED, PIECES = BB / 16; /* 16-byte copies a block */
+    constexpr uint32_t CBYTES = SL_DR_TD * CB * BB;
+    extern __shared__ int4 k_smem[];
+    __shared__ float ys[SL_GPU_MAX_USED][SL_DR_TD];
+    const int e = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, sub = lane & 3;
+    const uint32_t nb = inter / 256, rb = nb * BB, nch = (nb + CB - 1) / CB, t = blockIdx.x;
+    uint8_t *const ring = (uint8_t *)k_smem + (size_t)e * NB * CBYTES;
+    const uint8_t *const src = tab.e[e].down + ((size_t)t * SL_DR_TD + r) * rb; /* row r */
+    /* chunk c (blocks c * CB .., cb of them) into buffer c % NB, row r at r * cb * BB:
+     * lane 4r + sub copies pieces sub, sub + 4, ... of row r */
+    auto issue = [&](uint32_t c) {
+        const uint32_t b0 = c * CB, cb = nb - b0 < (uint32_t)CB ? nb - b0 : (uint32_t)CB;
+        uint8_t *d = ring + (c % NB) * CBYTES + r * cb * BB;
+        const uint8_t *s = src + (size_t)b0 * BB;
+        for (uint32_t p = sub; p < cb * PIECES; p += 4) k_cp16(d + 16 * p, s + 16 * p);
+        k_cp_commit();
+    };
+    unsigned long long *rec = STAMP ? k_stamp_rec(stamps, 1, 0, threadIdx.x == 0) : nullptr;
+    k_stamp(rec, 0);
+    for (uint32_t c = 0; c < (uint32_t)NB && c < nch; c++) issue(c);
+    k_pdl_wait(); /* h's q8_1 is the kernel before's */
+    k_stamp(rec, 1);
+    const int hs = tab.e[e].slot;
+    const int8_t *const aq = hq + (size_t)hs * inter;
+    const float *const ad = hd + (size_t)hs * (inter / 32);
+    const k_q3_sel ls = k_q3_sel_of(sub);
+    float acc[2] = {0.0f, 0.0f};
+    for (uint32_t c = 0; c < nch; c++) {
+        const uint32_t b0 = c * CB, cb = nb - b0 < (uint32_t)CB ? nb - b0 : (uint32_t)CB;
+        const uint32_t later = nch - 1 - c; /* chunks queued after c: at most NB - 1 */
+        k_cp_wait_upto(later < (uint32_t)NB - 1 ? later : (uint32_t)NB - 1);
+        __syncwarp(); /* every lane's pieces of the chunk are visible to the warp */
+        if (c == 0) k_stamp_unit(rec, 0, 0);
+        const uint8_t *row = ring + (c % NB) * CBYTES + r * cb * BB;
+        const int8_t *a = aq + 256 * b0;
+        const float *d = ad + 8 * b0;
+#pragma unroll 1
+        for (uint32_t b = 0; b < cb; b++) k_dot2_block<BB>(row, a, d, b, ls, acc);
+        __syncwarp(); /* every lane is done with the buffer */
+        if (c + NB < nch) issue(c + NB);
+    }
+    const float v = k_comb22(acc);
+    if (sub == 0) ys[e][r] = sl_emu_bf16_round(v);
+    __syncthreads();
+    if (threadIdx.x < SL_DR_TD)
+        k_down_store(tab, t * SL_DR_TD + threadIdx.x, dim, &ys[0][threadIdx.x], SL_DR_TD, extra,
+                     out_f32, out_bf16, part);
+    k_stamp_unit(rec, 0, 1);
+    k_stamp_end(rec, 1);
+}
+
 /* ---- the fused layer: gate/up, q8_1 of h and down in one persistent launch ----
  *
  * The launches of a layer each pay a start, a pipeline fill and a tail (bench-moe's
@@ -1960,13 +2080,8 @@ __device__ __forceinline__ void k_fused_h_done(const sl_kscratch &s, unsigned *r
     old = __shfl_sync(~0u, old, 0);
     if (old != per - 1) return;
     __syncwarp();
-    float d;
-    const int q = k_q8_lane(__ldcg(&s.h[(size_t)g * 32 + lane]), &d);
-    s.hq[(size_t)g * 32 + lane] = (int8_t)q;
-    if (lane == 0) {
-        s.hd[g] = d;
-        s.cnt[g] = 0;
-    }
+    k_quant_h_group(s, g, __ldcg(&s.h[(size_t)g * 32 + lane]), lane);
+    if (lane == 0) s.cnt[g] = 0;
     __syncwarp();
     if (lane == 0) {
         __threadfence();
@@ -2276,10 +2391,7 @@ __global__ void k_quant_h_pdl(const __grid_constant__ sl_kscratch s, uint32_t gr
     const int lane = threadIdx.x & 31;
     const uint32_t grp = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (grp >= groups || !(mask >> (grp / gpe) & 1)) return;
-    float d;
-    const int q = k_q8_lane(s.h[(size_t)grp * 32 + lane], &d);
-    s.hq[(size_t)grp * 32 + lane] = (int8_t)q;
-    if (lane == 0) s.hd[grp] = d;
+    k_quant_h_group(s, grp, s.h[(size_t)grp * 32 + lane], lane);
 }
 
 /* q8_1 of the SwiGLU outputs h [groups*32] (one warp per block of 32), for gate/up
@@ -2289,10 +2401,7 @@ __global__ void k_quant_h(const __grid_constant__ sl_kscratch s, uint32_t groups
     const int lane = threadIdx.x & 31;
     const uint32_t grp = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (grp >= groups) return;
-    float d;
-    const int q = k_q8_lane(s.h[(size_t)grp * 32 + lane], &d);
-    s.hq[(size_t)grp * 32 + lane] = (int8_t)q;
-    if (lane == 0) s.hd[grp] = d;
+    k_quant_h_group(s, grp, s.h[(size_t)grp * 32 + lane], lane);
 }
 
 /* Down (Q3_K) of every expert of the table and their sum: one step = 4 rows (8 lanes

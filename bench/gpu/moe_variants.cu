@@ -178,6 +178,9 @@ enum {
     D_P4_8_2_2_PK,   /* D_P4_8_2_2 on packed Q3_K blocks (mb_set.down_pk) */
     D_P4_8_2_2_PK2,  /* ... two blocks' chains interleaved (compute/'s DP_UNR 2) */
     D_P4_8_2_2_PK2S, /* ... a CTA's odd last tile shared by its two groups (blocks split) */
+    D_RING3_2,       /* packed blocks in one round: a CTA a tile, rings of 2 chunks of 3 blocks */
+    D_RING2_3,       /* ... rings of 3 chunks of 2 blocks */
+    D_RING1_4,       /* ... rings of 4 chunks of 1 block */
     D_FUSED          /* none: the gate/up launch is the fused layer kernel */
 };
 
@@ -193,6 +196,12 @@ static constexpr variant variants[] = {
      "+ dp LPR4 TD8 ST2 2x on packed 112-byte Q3_K blocks, 2 blocks interleaved, PDL (compute, "
      "device weights)",
      G_T4x2_8_4_QH3, D_P4_8_2_2_PK2, true},
+    {"gt QH3 (as compute) + down in one round, a CTA a tile, rings of 2 chunks of 3 blocks, PDL",
+     G_T4x2_8_4_QH3, D_RING3_2, true},
+    {"gt QH3 (as compute) + down in one round, rings of 3 chunks of 2 blocks, PDL", G_T4x2_8_4_QH3,
+     D_RING2_3, true},
+    {"gt QH3 (as compute) + down in one round, rings of 4 chunks of 1 block, PDL", G_T4x2_8_4_QH3,
+     D_RING1_4, true},
     {"gt 2x NW4 TR8 ST4, staggered start, q8_1 of h by the CTA of its 32 rows (its two groups, no "
      "quant_h) + dp LPR4 TD8 ST2 2x on packed blocks, 2 blocks interleaved, PDL",
      G_T4x2_8_4_QH4, D_P4_8_2_2_PK2, true},
@@ -267,6 +276,7 @@ static_assert(sizeof variants / sizeof *variants == MB_V_BEFORE + 1, "MB_V_BEFOR
 static_assert(variants[MB_V_SHIPPED].gu == G_T4x2_8_4_QH3 &&
                   variants[MB_V_SHIPPED].dn == D_P4_8_2_2_PK2,
               "MB_V_SHIPPED is compute/'s device-weight kernels");
+static_assert(variants[MB_V_RING].dn == D_RING3_2, "MB_V_RING: the down in one round");
 static_assert(variants[MB_V_S11].gu == G_T4x2_8_4_STG && variants[MB_V_S11].dn == D_P4_8_2_2_PK2,
               "MB_V_S11 is what compute/ ran until session 11");
 static_assert(variants[MB_V_S9].gu == G_T4x2_8_4 && variants[MB_V_S9].dn == D_P4_8_2_2,
@@ -416,6 +426,31 @@ static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     return k_launch(io->dn_st ? fs : fn, grid, threads, smem, 0, pdl, tab, (const int8_t *)s.hq,
                     (const float *)s.hd, io->dim, io->inter, (const float *)NULL, io->out_f32,
                     io->out, (float *)NULL, io->dn_st);
+}
+
+/* The one-round down: a CTA a tile. */
+template <int CB, int NB>
+static cudaError_t dr_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, bool pdl)
+{
+    constexpr auto fn = &k_down_ring_q3_k<CB, NB, false>, fs = &k_down_ring_q3_k<CB, NB, true>;
+    const size_t smem = (size_t)tab.n * k_dr_warp_bytes(CB, NB);
+    static int occ = 0; /* bench only: set once per instantiation */
+    if (!occ) {
+        const int most = (int)(SL_GPU_MAX_USED * k_dr_warp_bytes(CB, NB));
+        cudaError_t rc =
+            cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+        if (rc == cudaSuccess)
+            rc = cudaFuncSetAttribute(fs, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+        if (rc == cudaSuccess)
+            rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, 32 * tab.n, smem);
+        if (rc != cudaSuccess) return rc;
+        if (!occ) return cudaErrorInvalidConfiguration;
+        printf("  [down in one round CB %d NB %d: %d CTAs/SM, %d threads, smem %zu]\n", CB, NB, occ,
+               32 * tab.n, smem);
+    }
+    return k_launch(io->dn_st ? fs : fn, io->dim / SL_DR_TD, 32 * tab.n, smem, 0, pdl, tab,
+                    (const int8_t *)s.hq, (const float *)s.hd, io->dim, io->inter,
+                    (const float *)NULL, io->out_f32, io->out, (float *)NULL, io->dn_st);
 }
 
 template <int NW, bool PF, bool FQ, int MINB>
@@ -619,6 +654,12 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         return dp_launch<4, 8, 2, 2, false, true, SL_Q3K_PACKED, 2>(io, tab, s, n_sm, V.pdl);
     case D_P4_8_2_2_PK2S:
         return dp_launch<4, 8, 2, 2, false, true, SL_Q3K_PACKED, 2, true>(io, tab, s, n_sm, V.pdl);
+    case D_RING3_2:
+        return dr_launch<3, 2>(io, tab, s, V.pdl);
+    case D_RING2_3:
+        return dr_launch<2, 3>(io, tab, s, V.pdl);
+    case D_RING1_4:
+        return dr_launch<1, 4>(io, tab, s, V.pdl);
     default:
         return dn2_launch<1>(io, tab, s);
     }
@@ -696,7 +737,8 @@ static cudaError_t fl_one(int v, const mb_layer *L, int it, int n_sm)
 extern "C" int mb_variant_packed(int v)
 {
     return variants[v].dn == D_P4_8_2_2_PK || variants[v].dn == D_P4_8_2_2_PK2 ||
-           variants[v].dn == D_P4_8_2_2_PK2S;
+           variants[v].dn == D_P4_8_2_2_PK2S || variants[v].dn == D_RING3_2 ||
+           variants[v].dn == D_RING2_3 || variants[v].dn == D_RING1_4;
 }
 
 extern "C" int mb_variant_fused(int v)
