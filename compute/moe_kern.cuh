@@ -1718,6 +1718,9 @@ k_dot2_q3_k(const uint8_t *row, const int8_t *__restrict__ aq, const float *__re
     } else if (UNR == 2) {
 #pragma unroll 2
         for (uint32_t b = 0; b < nb; b++) k_dot2_block<BB>(row, aq, ad, b, ls, acc);
+    } else if (UNR == 3) {
+#pragma unroll 3
+        for (uint32_t b = 0; b < nb; b++) k_dot2_block<BB>(row, aq, ad, b, ls, acc);
     } else {
         for (uint32_t b = 0; b < nb; b++) k_dot2_block<BB>(row, aq, ad, b, ls, acc);
     }
@@ -1921,6 +1924,21 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR, 2)
                    unsigned long long *stamps)
 {
     k_down_pt_body<LPR, TD, ST, NG, false, EI, STAMP, BB, UNR, SPLIT>(
+        tab, hq, hd, dim, inter, extra, out_f32, out_bf16, part, stamps);
+}
+
+/* compute/'s packed down (LPR 4, TD 8, ST 2, NG 2, early refill) held at REGS registers
+ * a thread instead of __launch_bounds__'s 64: 2 CTAs of 7 experts (28 warps) still fit
+ * an SM at 72, with more room for UNR blocks' chains at once (a bench variant). */
+template <int REGS, int UNR>
+__global__ void __maxnreg__(REGS)
+    k_down_pk_regs_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
+                        const float *__restrict__ hd, uint32_t dim, uint32_t inter,
+                        const float *__restrict__ extra, float *__restrict__ out_f32,
+                        uint16_t *__restrict__ out_bf16, float *__restrict__ part,
+                        unsigned long long *stamps)
+{
+    k_down_pt_body<4, 8, 2, 2, false, true, false, SL_Q3K_PACKED, UNR, false>(
         tab, hq, hd, dim, inter, extra, out_f32, out_bf16, part, stamps);
 }
 

@@ -59,16 +59,16 @@ int mb_read_sets(const mb_set *sets, int nsets, int n, size_t gate_bytes, size_t
 int mb_ptr_kind(const void *p, int n);
 
 /* Variants: compute/'s kernels for mapped host weights and for device weights (the
- * down on packed Q3_K blocks, mb_set.down_pk); the down in one round (session 13,
- * MB_V_RING and the two after it); what compute/ ran for device weights until session
- * 9, until session 11 (h's q8_1 by k_quant_h), and until session 10 (raw blocks; the
- * last variant). */
+ * down on packed Q3_K blocks, mb_set.down_pk); session 13's downs (MB_V_RING and the
+ * four after it: in one round, and compute/'s at 72 registers); what compute/ ran for
+ * device weights until session 9, until session 11 (h's q8_1 by k_quant_h), and until
+ * session 10 (raw blocks; the last variant). */
 #define MB_V_MAPPED  0
 #define MB_V_SHIPPED 1
 #define MB_V_RING    2
-#define MB_V_S9      11
-#define MB_V_S11     46
-#define MB_V_BEFORE  47
+#define MB_V_S9      13
+#define MB_V_S11     48
+#define MB_V_BEFORE  49
 
 int mb_variant_count(void);
 const char *mb_variant_name(int v);

@@ -181,6 +181,8 @@ enum {
     D_RING3_2,       /* packed blocks in one round: a CTA a tile, rings of 2 chunks of 3 blocks */
     D_RING2_3,       /* ... rings of 3 chunks of 2 blocks */
     D_RING1_4,       /* ... rings of 4 chunks of 1 block */
+    D_PK_R72U2,      /* D_P4_8_2_2_PK2 at 72 registers (2 CTAs of 7 experts an SM still) */
+    D_PK_R72U3,      /* ... three blocks' chains interleaved */
     D_FUSED          /* none: the gate/up launch is the fused layer kernel */
 };
 
@@ -202,6 +204,10 @@ static constexpr variant variants[] = {
      D_RING2_3, true},
     {"gt QH3 (as compute) + down in one round, rings of 4 chunks of 1 block, PDL", G_T4x2_8_4_QH3,
      D_RING1_4, true},
+    {"gt QH3 (as compute) + compute's packed down at 72 registers, 2 blocks interleaved, PDL",
+     G_T4x2_8_4_QH3, D_PK_R72U2, true},
+    {"gt QH3 (as compute) + compute's packed down at 72 registers, 3 blocks interleaved, PDL",
+     G_T4x2_8_4_QH3, D_PK_R72U3, true},
     {"gt 2x NW4 TR8 ST4, staggered start, q8_1 of h by the CTA of its 32 rows (its two groups, no "
      "quant_h) + dp LPR4 TD8 ST2 2x on packed blocks, 2 blocks interleaved, PDL",
      G_T4x2_8_4_QH4, D_P4_8_2_2_PK2, true},
@@ -453,6 +459,33 @@ static cudaError_t dr_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
                     (const float *)NULL, io->out_f32, io->out, (float *)NULL, io->dn_st);
 }
 
+/* compute/'s packed down at 72 registers (k_down_pk_regs_q3_k), persistent. */
+template <int UNR>
+static cudaError_t dr72_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
+                               bool pdl)
+{
+    constexpr auto fn = &k_down_pk_regs_q3_k<72, UNR>;
+    const size_t smem = k_dpt_smem(tab.n, io->inter, 8, 2, SL_Q3K_PACKED);
+    const uint32_t threads = k_dpt_threads(tab.n, 4, 8, 2);
+    static int occ = 0; /* bench only: set once per instantiation */
+    if (!occ) {
+        cudaError_t rc =
+            cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)k_dpt_smem(SL_GPU_MAX_USED, io->inter, 8, 2, SL_Q3K_PACKED));
+        if (rc == cudaSuccess)
+            rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, threads, smem);
+        if (rc != cudaSuccess) return rc;
+        if (!occ) return cudaErrorInvalidConfiguration;
+        printf("  [down pt packed at 72 registers, UNR %d: %d CTAs/SM, %u threads, smem %zu]\n",
+               UNR, occ, threads, smem);
+    }
+    uint32_t grid = (uint32_t)(occ * n_sm);
+    if (grid > io->dim / 8) grid = io->dim / 8;
+    return k_launch(fn, grid, threads, smem, 0, pdl, tab, (const int8_t *)s.hq, (const float *)s.hd,
+                    io->dim, io->inter, (const float *)NULL, io->out_f32, io->out, (float *)NULL,
+                    (unsigned long long *)NULL);
+}
+
 template <int NW, bool PF, bool FQ, int MINB>
 static cudaError_t gu_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm)
 {
@@ -660,6 +693,10 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         return dr_launch<2, 3>(io, tab, s, V.pdl);
     case D_RING1_4:
         return dr_launch<1, 4>(io, tab, s, V.pdl);
+    case D_PK_R72U2:
+        return dr72_launch<2>(io, tab, s, n_sm, V.pdl);
+    case D_PK_R72U3:
+        return dr72_launch<3>(io, tab, s, n_sm, V.pdl);
     default:
         return dn2_launch<1>(io, tab, s);
     }
@@ -738,7 +775,8 @@ extern "C" int mb_variant_packed(int v)
 {
     return variants[v].dn == D_P4_8_2_2_PK || variants[v].dn == D_P4_8_2_2_PK2 ||
            variants[v].dn == D_P4_8_2_2_PK2S || variants[v].dn == D_RING3_2 ||
-           variants[v].dn == D_RING2_3 || variants[v].dn == D_RING1_4;
+           variants[v].dn == D_RING2_3 || variants[v].dn == D_RING1_4 ||
+           variants[v].dn == D_PK_R72U2 || variants[v].dn == D_PK_R72U3;
 }
 
 extern "C" int mb_variant_fused(int v)
