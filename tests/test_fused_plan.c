@@ -1,4 +1,4 @@
-/* test_fused_plan.c - the fused layer kernel's unit lists (compute/fused_plan.h): every
+/* test_fused_plan.c - the fused layer kernel's unit lists (bench/gpu/fused_plan.h): every
  * gate/up and down unit of a layer belongs to exactly one CTA, a CTA's gate/up units come
  * before its downs (what keeps the kernel's waits from deadlocking), and with one entry a
  * CTA each CTA's downs share their entry. */

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "bench_ck.h"
-#include "moe_kern.cuh"
+#include "moe_sandbox.cuh"
 #include "moe_bench.h"
 
 /* The current device's SM count. */

@@ -1,4 +1,5 @@
-/* fused_plan.h - the unit list of one CTA of the fused layer kernel (k_moe_fused_q2q3).
+/* fused_plan.h - the unit list of one CTA of the fused layer kernel (k_moe_fused_q2q3, a
+ * bench variant: bench/gpu/moe_sandbox.cuh).
  *
  * Plain C shared by the kernel and the host tests: with n table entries, tpe gate/up
  * units an entry (tr rows each) and dpe down units an entry (one tile of output rows
