@@ -285,7 +285,7 @@ typedef struct sl_gpu_probe {
  * at [SL_GPU_RT_SEL_*]: entry, past its wait for the router, scores and warp maxima
  * done, picks ranked, the picks' weights, slots and device-tier entries known, table
  * published, end (the host's picks written); the router's CTA c at SL_GPU_RT_ROUTER +
- * 4c: entry, past its wait for the kernel before, end. */
+ * 4c: entry, past its wait for the kernel before, end, x in shared memory. */
 enum {
     SL_GPU_RT_SEL_ENTRY,
     SL_GPU_RT_SEL_WAITED,

@@ -1888,7 +1888,8 @@ __global__ void __launch_bounds__(NW * 32)
     float *xf = (float *)k_smem;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t e = blockIdx.x * NW + warp, nc = dim / 256;
-    /* bench: the CTA's entry, past its wait, end (SL_GPU_RT_ROUTER + 4 a CTA) */
+    /* bench: the CTA's entry, past its wait, end, x in shared memory (SL_GPU_RT_ROUTER +
+     * 4 a CTA) */
     unsigned long long *rec =
         stamps && threadIdx.x == 0 ? stamps + SL_GPU_RT_ROUTER + 4 * blockIdx.x : nullptr;
     k_stamp(rec, 0);
@@ -1926,6 +1927,7 @@ __global__ void __launch_bounds__(NW * 32)
         *(float4 *)(xf + 8 * i + 4) = hi;
     }
     __syncthreads();
+    k_stamp(rec, 3);
     if (ximg) { /* k_quant_x_img's work, a block of 32 a warp, over the grid */
         int8_t *aq = (int8_t *)ximg;
         float *ad = (float *)(aq + dim + dim / 8);

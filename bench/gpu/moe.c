@@ -267,8 +267,11 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
     say("One device-routed layer on the GPU's clock (the last of 8 back to back), us after the "
         "router's first CTA entered:\n\n| kernel | event | first | median | last | records "
         "|\n|---|---|---|---|---|---|\n");
-    static const char *const rname[3] = {"entry", "past its wait (the kernel before)", "end"};
-    for (int k = 0; k < 3; k++) {
+    static const char *const rname[4] = {"entry", "past its wait (the kernel before)", "end",
+                                         "x in shared memory"};
+    static const int rorder[4] = {0, 1, 3, 2};
+    for (int kk = 0; kk < 4; kk++) {
+        const int k = rorder[kk];
         double v[3];
         const int n = rec_stats(ro, 256, 4, 2, k, t0, v);
         if (n) say("| router | %s | %.2f | %.2f | %.2f | %d |\n", rname[k], v[0], v[1], v[2], n);
