@@ -1417,18 +1417,18 @@ __device__ __forceinline__ k_q3_sel k_q3_sel_of(int sub)
     return s;
 }
 
-/* Block b of k_dot2_q3_k's lane (its masks and selectors as named there), into acc; PART:
- * its two steps' operands instead, (d * isum, d8) of group i at part[32 * i] (another
- * warp's chain takes them: sl_emu_q3_k_step's bits). */
+/* One block of k_dot2_q3_k's lane (its masks and selectors: ls) at blk, the lane's
+ * activation of it at aw (aq + 256 b + 32 g) and a8 (ad + 8 b + g), into acc; PART: its
+ * two steps' operands instead, (d * isum, d8) of group i at part[32 * i] (another warp's
+ * chain takes them: sl_emu_q3_k_step's bits). */
 template <int BB, bool PART = false>
-__device__ __forceinline__ void
-k_dot2_block(const uint8_t *row, const int8_t *__restrict__ aq, const float *__restrict__ ad,
-             uint32_t b, const k_q3_sel &ls, float (&acc)[2], float2 *part = nullptr)
+__device__ __forceinline__ void k_dot2_at(const uint8_t *blk, const int4 *__restrict__ aw,
+                                          const float *__restrict__ a8, const k_q3_sel &ls,
+                                          float (&acc)[2], float2 *part = nullptr)
 {
     const int j = ls.j, q = ls.q, g = ls.g, ns = ls.ns;
     const uint32_t mq0 = ls.mq0, mq1 = ls.mq1, mh0 = ls.mh0, mh1 = ls.mh1;
     const uint32_t sel_lo = ls.sel_lo, sel_hi = ls.sel_hi;
-    const uint8_t *blk = row + BB * b;
     uint32_t hm[8], qw[8], sw[3];
     float d;
     if (BB == 110) {
@@ -1449,7 +1449,6 @@ k_dot2_block(const uint8_t *row, const int8_t *__restrict__ aq, const float *__r
     const uint32_t hb = __byte_perm(sw[2], 0u, sel_hi);
     const uint32_t sc = ((__byte_perm(sw[0], sw[1], sel_lo) >> ns) & 0x0F0F0F0Fu) |
                         (((hb >> ns) & 0x00000303u) | ((hb >> (ns + 2)) & 0x03030000u)) << 4;
-    const int4 *aw = (const int4 *)(aq + 256 * b + 32 * g);
     const int4 x0 = __ldg(aw), x1 = __ldg(aw + 1), y0 = __ldg(aw + 4), y1 = __ldg(aw + 5);
     const int av[2][8] = {{x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w},
                           {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w}};
@@ -1473,12 +1472,22 @@ k_dot2_block(const uint8_t *row, const int8_t *__restrict__ aq, const float *__r
         const int s0 = (int)((sc >> (16 * i)) & 63u) - 32;
         const int s1 = (int)((sc >> (16 * i + 8)) & 63u) - 32;
         const int isum = s0 * c[2 * i] + s1 * c[2 * i + 1];
-        const float d8 = __ldg(ad + 8 * b + g + 2 * i);
+        const float d8 = __ldg(a8 + 2 * i);
         if (PART)
             part[32 * i] = make_float2(sl_emu_mul(d, (float)isum), d8);
         else
             acc[i] = sl_emu_q3_k_step(acc[i], d, isum, d8);
     }
+}
+
+/* Block b of a row (k_dot2_at with its pointers built from b). */
+template <int BB, bool PART = false>
+__device__ __forceinline__ void
+k_dot2_block(const uint8_t *row, const int8_t *__restrict__ aq, const float *__restrict__ ad,
+             uint32_t b, const k_q3_sel &ls, float (&acc)[2], float2 *part = nullptr)
+{
+    k_dot2_at<BB, PART>(row + BB * b, (const int4 *)(aq + 256 * b + 32 * ls.g), ad + 8 * b + ls.g,
+                        ls, acc, part);
 }
 
 /* The two accumulators (k_q3_sel's groups of every block, in increasing b) of lane
@@ -1499,14 +1508,22 @@ k_dot2_q3_k(const uint8_t *row, const int8_t *__restrict__ aq, const float *__re
     if (PART) { /* blocks b0 .. nb - 1: their steps' operands, 64 float2 apart a block */
         for (uint32_t b = b0; b < nb; b++)
             k_dot2_block<BB, true>(row, aq, ad, b, ls, acc, part + 64 * (b - b0));
-    } else if (UNR == 2) {
+    } else { /* the pointers advanced, not rebuilt from b (fewer instructions a block) */
+        const uint8_t *blk = row;
+        const int4 *aw = (const int4 *)(aq + 32 * ls.g);
+        const float *a8 = ad + ls.g;
+        if (UNR == 2) {
 #pragma unroll 2
-        for (uint32_t b = 0; b < nb; b++) k_dot2_block<BB>(row, aq, ad, b, ls, acc);
-    } else if (UNR == 3) {
+            for (uint32_t b = 0; b < nb; b++, blk += BB, aw += 16, a8 += 8)
+                k_dot2_at<BB>(blk, aw, a8, ls, acc);
+        } else if (UNR == 3) {
 #pragma unroll 3
-        for (uint32_t b = 0; b < nb; b++) k_dot2_block<BB>(row, aq, ad, b, ls, acc);
-    } else {
-        for (uint32_t b = 0; b < nb; b++) k_dot2_block<BB>(row, aq, ad, b, ls, acc);
+            for (uint32_t b = 0; b < nb; b++, blk += BB, aw += 16, a8 += 8)
+                k_dot2_at<BB>(blk, aw, a8, ls, acc);
+        } else {
+            for (uint32_t b = 0; b < nb; b++, blk += BB, aw += 16, a8 += 8)
+                k_dot2_at<BB>(blk, aw, a8, ls, acc);
+        }
     }
 }
 
