@@ -282,10 +282,13 @@ static uint32_t dp_grid(const sl_gpu_ctx *c, int n)
 /* Gate/up + SwiGLU of the table's experts into s.h (at each expert's slot); tma picks
  * the bulk-copy kernel (weights in device memory), after k_quant_x_img on st: pdl then
  * says whether that kernel may overlap the one before it, the gate/up always overlaps
- * k_quant_x_img's end. */
+ * k_quant_x_img's end. *wrote_qh (if given): whether the launch also wrote the experts'
+ * q8_1 of h (gt_qh_for), so that no k_quant_h need follow for them. */
 static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const uint16_t *x,
-                                 const sl_kscratch &s, cudaStream_t st, bool tma, bool pdl)
+                                 const sl_kscratch &s, cudaStream_t st, bool tma, bool pdl,
+                                 bool *wrote_qh = NULL)
 {
+    if (wrote_qh) *wrote_qh = false;
     const uint32_t dim = c->shape.dim, inter = c->shape.inter;
     const float limit = c->shape.swiglu_limit;
     if (tma) {
@@ -294,8 +297,10 @@ static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const 
         if (rc != cudaSuccess) return rc;
         const int qh = gt_qh_for(c, tab.n);
         const uint32_t grid = gt_grid(c, (uint32_t)tab.n * (inter / GT_TR), c->gt_occ, qh);
-        return k_launch(gt_kernel(c->gt_stg, s.stamps != NULL, qh), grid, GT_NG * GT_NW * 32,
-                        gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img, dim, inter, limit, s);
+        rc = k_launch(gt_kernel(c->gt_stg, s.stamps != NULL, qh), grid, GT_NG * GT_NW * 32,
+                      gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img, dim, inter, limit, s);
+        if (rc == cudaSuccess && wrote_qh) *wrote_qh = qh != 0;
+        return rc;
     }
     const uint32_t units = (uint32_t)tab.n * inter;
     uint32_t grid = (units + GU_NW - 1) / GU_NW;
@@ -1004,9 +1009,9 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
     } else {
         const bool gt = c->gt_ok && !in_host(sh->gate) && !in_host(sh->up);
         const bool dt = c->dt_ok && down_dev;
-        CK(launch_gateup(c, tab, x, c->ss, c->side, gt, false), "gate/up (shared)");
-        CK(launch_quant_h(c, c->ss, 1, gt && gt_qh_for(c, 1) ? 0u : ~0u, c->side, false),
-           "k_quant_h (shared)");
+        bool wrote_qh;
+        CK(launch_gateup(c, tab, x, c->ss, c->side, gt, false, &wrote_qh), "gate/up (shared)");
+        CK(launch_quant_h(c, c->ss, 1, wrote_qh ? 0u : ~0u, c->side, false), "k_quant_h (shared)");
         CK(launch_down(c, tab, c->ss, NULL, c->y_sh, NULL, c->side, dt, USE_PDL && dt),
            "down (shared)");
     }
@@ -1074,11 +1079,13 @@ extern "C" int sl_gpu_moe_part(sl_gpu_ctx *c, const uint32_t *ranks, uint32_t nr
         tab[0].e[tab[0].n++] = c->sh;
         c->sh_state = SH_MERGED;
     }
+    bool wrote_qh = false; /* by the bulk-copy launch, tab[0] */
     for (int h = 0; h < 2; h++)
         if (tab[h].n)
-            CK(launch_gateup(c, tab[h], c->x, c->rs, c->main, h == 0, USE_PDL && h == 0),
+            CK(launch_gateup(c, tab[h], c->x, c->rs, c->main, h == 0, USE_PDL && h == 0,
+                             h ? NULL : &wrote_qh),
                h ? "k_gateup_q2_k" : "k_gateup_tma_q2_k");
-    if (gt_qh_for(c, tab[0].n)) /* the bulk-copy launch wrote its experts' q8_1 of h */
+    if (wrote_qh)
         for (int i = 0; i < tab[0].n; i++) c->qh_done |= 1u << tab[0].e[i].slot;
     return 0;
 }
@@ -1110,9 +1117,10 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
             memset(&one, 0, sizeof one);
             one.n = 1;
             one.e[0] = c->sh;
-            CK(launch_gateup(c, one, c->sh_x, c->rs, c->main, true, USE_PDL),
+            bool wrote_qh;
+            CK(launch_gateup(c, one, c->sh_x, c->rs, c->main, true, USE_PDL, &wrote_qh),
                "k_gateup_tma_q2_k (shared)");
-            if (gt_qh_for(c, 1)) c->qh_done |= 1u << n;
+            if (wrote_qh) c->qh_done |= 1u << n;
         } /* else the launch it rode with said whether it wrote its q8_1 (qh_done) */
         merge_shared(c);
         c->all.n = (int)n + 1;

@@ -1512,15 +1512,11 @@ k_dot2_q3_k(const uint8_t *row, const int8_t *__restrict__ aq, const float *__re
         const uint8_t *blk = row;
         const int4 *aw = (const int4 *)(aq + 32 * ls.g);
         const float *a8 = ad + ls.g;
-        if (UNR == 2) {
-#pragma unroll 2
+        if (UNR > 1) {
+#pragma unroll UNR
             for (uint32_t b = 0; b < nb; b++, blk += BB, aw += 16, a8 += 8)
                 k_dot2_at<BB>(blk, aw, a8, ls, acc);
-        } else if (UNR == 3) {
-#pragma unroll 3
-            for (uint32_t b = 0; b < nb; b++, blk += BB, aw += 16, a8 += 8)
-                k_dot2_at<BB>(blk, aw, a8, ls, acc);
-        } else {
+        } else { /* the compiler's own unrolling */
             for (uint32_t b = 0; b < nb; b++, blk += BB, aw += 16, a8 += 8)
                 k_dot2_at<BB>(blk, aw, a8, ls, acc);
         }
