@@ -58,6 +58,8 @@ typedef struct sl_compute_options {
     int t0_admit;           /* --t0-admit: enum sl_t0_admit (t0cache.h), which misses T0
                                takes in (default: freq) */
     int zero_copy;          /* --zero-copy: no T0 even on a discrete GPU */
+    int norm_kernel;        /* --norm-kernel: the residual and the norm in a kernel of their
+                               own, not inside the router (comparisons) */
     uint32_t warmup;        /* --warmup N: steps run before the counters and clocks start */
     uint32_t passes;        /* --layer-passes N: each step runs the checkpoint's layers N
                                times (a benchmark of a deeper model on a small checkpoint:

@@ -50,6 +50,7 @@ typedef struct layer_w {
     float *ffn_norm_dev; /* GPU: [dim] f32 */
     void *shared_dev[3]; /* GPU: the shared expert's blocks */
     sl_moe_expert_w shared_w_dev;
+    int norm_in_router; /* GPU: the router computes x (sl_gpu_route_start_norm) */
 } layer_w;
 
 /* The device tier: whole experts copied from T1 into device slots, with their own
@@ -144,7 +145,9 @@ struct sl_compute {
 #ifdef SL_HAVE_CUDA
     sl_gpu_ctx *gpu;
     uint16_t *h_dev, *x_dev, *y_dev; /* [dim] bf16: residual stream, normed input, MoE out */
-    void *embd_dev; /* token_embd in device memory when the GPU decodes it (Q2_K), else NULL */
+    uint16_t *h2_dev; /* the residual stream's other buffer: a router that adds the residual
+                         writes it there (its CTAs all read h_dev), then the two swap */
+    void *embd_dev;   /* token_embd in device memory when the GPU decodes it (Q2_K), else NULL */
     sl_arena *registered; /* the arena mapping registered with CUDA */
     uint8_t *arena_dev;   /* its device address */
     t0_tier t0;
@@ -205,6 +208,7 @@ enum opt_id {
     OPT_T0_PRELOAD,
     OPT_T0_ADMIT,
     OPT_ZERO_COPY,
+    OPT_NORM_KERNEL,
     OPT_WARMUP,
     OPT_PASSES,
     OPT_CEILINGS,
@@ -237,6 +241,9 @@ static const sl_opt opt_table[] = {
      "often lately than the expert it would evict, the others are read in place; always: "
      "every miss is copied in"},
     {OPT_ZERO_COPY, NULL, "--zero-copy", NULL, "no device tier: kernels read the host arena"},
+    {OPT_NORM_KERNEL, NULL, "--norm-kernel", NULL,
+     "GPU: the residual and the norm as a kernel of their own, not inside the router "
+     "(comparisons)"},
     {OPT_WARMUP, NULL, "--warmup", "N", "steps run before counters and clocks start (default 0)"},
     {OPT_PASSES, NULL, "--layer-passes", "N",
      "run the checkpoint's layers N times a step, as a model N times as deep (benchmarks; "
@@ -353,6 +360,9 @@ int sl_compute_parse_args(sl_compute_options *o, int argc, char **argv, FILE *ou
         case OPT_ZERO_COPY:
             o->zero_copy = 1;
             o->t0_given = 1;
+            break;
+        case OPT_NORM_KERNEL:
+            o->norm_kernel = 1;
             break;
         case OPT_ROUTING:
             if (!strcmp(v, "router")) {
@@ -548,6 +558,7 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
     if (!rc) rc = sl_gpu_malloc(c->gpu, (void **)&c->x_dev, m->dim * sizeof(uint16_t), err);
     if (!rc) rc = sl_gpu_malloc(c->gpu, (void **)&c->y_dev, m->dim * sizeof(uint16_t), err);
     if (!rc) rc = sl_gpu_malloc(c->gpu, (void **)&c->h_dev, m->dim * sizeof(uint16_t), err);
+    if (!rc) rc = sl_gpu_malloc(c->gpu, (void **)&c->h2_dev, m->dim * sizeof(uint16_t), err);
     const uint64_t sh_bytes[3] = {blocks_bytes(c->shape.sh_gate_type, m->dim, m->moe_inter),
                                   blocks_bytes(c->shape.sh_up_type, m->dim, m->moe_inter),
                                   blocks_bytes(c->shape.sh_down_type, m->moe_inter, m->dim)};
@@ -576,6 +587,10 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
         *resident += rb + m->dim * sizeof(float) + m->n_expert * sizeof(float) + sh_dev[0] +
                      sh_dev[1] + sh_dev[2]; /* router, ffn_norm, bias, shared expert */
         w->shared_w_dev = (sl_moe_expert_w){w->shared_dev[0], w->shared_dev[1], w->shared_dev[2]};
+        /* the router can compute x only when nothing reads x before it (a shared expert
+         * on the side stream would) */
+        w->norm_in_router =
+            !rc && !c->opt.norm_kernel && sl_gpu_moe_shared_merges(c->gpu, &w->shared_w_dev);
     }
     /* The embedding table too, when the GPU can decode its rows: a step then starts
      * with one small kernel instead of a pread, a host decode and a waited upload. */
@@ -648,6 +663,7 @@ static void gpu_close(sl_compute *c)
     sl_gpu_free(c->gpu, c->x_dev);
     sl_gpu_free(c->gpu, c->y_dev);
     sl_gpu_free(c->gpu, c->h_dev);
+    sl_gpu_free(c->gpu, c->h2_dev);
     sl_gpu_free(c->gpu, c->embd_dev);
     sl_gpu_free(c->gpu, c->t0.base);
     sl_gpu_free(c->gpu, c->t0.table_dev);
@@ -1132,8 +1148,10 @@ static uint64_t synth_step(const sl_compute *c)
 }
 
 /* Route x: on the GPU routing on the device (below); on the CPU backends the router
- * GEMV and the selection of router.c. */
-static int route_x(sl_compute *c, uint32_t l, layer_w *w, sl_moe_route *route, sl_err *err)
+ * GEMV and the selection of router.c. norm (GPU, w->norm_in_router): the router first
+ * computes x itself, adding the last layer's y to the residual stream when with_y. */
+static int route_x(sl_compute *c, uint32_t l, layer_w *w, int norm, int with_y, sl_moe_route *route,
+                   sl_err *err)
 {
     uint64_t t = sl_now_ns();
     int rc;
@@ -1147,12 +1165,23 @@ static int route_x(sl_compute *c, uint32_t l, layer_w *w, sl_moe_route *route, s
         sl_moe_route forced;
         const int synth = c->opt.routing != SL_ROUTING_ROUTER;
         if (synth) sl_synth_route_pick(&c->synth, synth_step(c), l, &forced);
+        const sl_gpu_t0e *t0 =
+            c->t0.n_slot ? c->t0.table_dev + (uint64_t)l * c->cfg.n_expert : NULL;
         rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
-        if (!rc)
-            rc = sl_gpu_route_start(c->gpu, c->x_dev, w->router_dev, w->bias_dev,
-                                    c->t0.n_slot ? c->t0.table_dev + (uint64_t)l * c->cfg.n_expert
-                                                 : NULL,
+        if (!rc && norm) {
+            const sl_gpu_norm n = {c->h_dev, with_y ? c->y_dev : NULL, c->h2_dev, w->ffn_norm_dev,
+                                   c->cfg.norm_eps};
+            rc = sl_gpu_route_start_norm(c->gpu, &n, c->x_dev, w->router_dev, w->bias_dev, t0,
+                                         synth ? &forced : NULL, err);
+            if (!rc && with_y) { /* the router wrote the residual into the other buffer */
+                uint16_t *h = c->h_dev;
+                c->h_dev = c->h2_dev;
+                c->h2_dev = h;
+            }
+        } else if (!rc) {
+            rc = sl_gpu_route_start(c->gpu, c->x_dev, w->router_dev, w->bias_dev, t0,
                                     synth ? &forced : NULL, err);
+        }
         c->mark_routed = gmark(c, 0);
         lap(c, SUB_SHARED, &t);
         if (!rc) rc = sl_gpu_route_wait(c->gpu, route, &c->started, err);
@@ -1161,6 +1190,8 @@ static int route_x(sl_compute *c, uint32_t l, layer_w *w, sl_moe_route *route, s
     }
 #endif
     (void)l;
+    (void)norm;
+    (void)with_y;
     rc = sl_router_logits(c->x, w->router, c->cfg.n_expert, c->cfg.dim, c->shape.gate_temp,
                           c->logits, err);
     lap(c, SUB_ROUTER, &t);
@@ -1491,11 +1522,13 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     c->mark_layer = gmark(c, 0);
     c->mark_launch = 0;
 #endif
-    /* the last layer's y, also across passes (--layer-passes) */
-    int rc = residual_norm(c, l > 0 || c->pass > 0, w, err);
+    /* the last layer's y, also across passes (--layer-passes); inside the router when
+     * it can compute x itself */
+    const int with_y = l > 0 || c->pass > 0;
+    int rc = w->norm_in_router ? 0 : residual_norm(c, with_y, w, err);
     lap(c, SUB_NORM, &t);
     sl_moe_route route;
-    if (!rc) rc = route_x(c, l, w, &route, err);
+    if (!rc) rc = route_x(c, l, w, w->norm_in_router, with_y, &route, err);
     put_held(c);
     if (rc) return sl_err_prefix(err, "layer %u", l);
     if (c->opt.routing != SL_ROUTING_ROUTER && c->backend != SL_BACKEND_GPU)

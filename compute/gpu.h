@@ -173,6 +173,25 @@ int sl_gpu_route_start(sl_gpu_ctx *ctx, const uint16_t *x_dev, const uint16_t *r
                        const float *bias_dev, const sl_gpu_t0e *t0_dev, const sl_moe_route *forced,
                        sl_err *err);
 
+/* The previous layer's residual and this layer's ffn_norm, as sl_gpu_residual_norm
+ * computes them, handed to sl_gpu_route_start_norm. */
+typedef struct sl_gpu_norm {
+    const uint16_t *h; /* the residual stream [dim] bf16 */
+    const uint16_t *y; /* the last layer's output, added to it; NULL: no residual */
+    uint16_t *h_out;   /* gets bf16(h + y) when y is given; not h (the router's CTAs all read h) */
+    const float *w;    /* ffn_norm [dim] f32 */
+    float eps;
+} sl_gpu_norm;
+
+/* sl_gpu_route_start whose router computes x_dev itself from norm: each of its CTAs
+ * adds the residual and takes the norm (the same bits as sl_gpu_residual_norm, then
+ * sl_gpu_route_start), so a layer has one kernel and one kernel boundary fewer. The
+ * shared expert must not have been queued on the side stream (it would read x_dev
+ * before it is computed): see sl_gpu_moe_shared_merges. */
+int sl_gpu_route_start_norm(sl_gpu_ctx *ctx, const sl_gpu_norm *norm, uint16_t *x_dev,
+                            const uint16_t *router_dev, const float *bias_dev,
+                            const sl_gpu_t0e *t0_dev, const sl_moe_route *forced, sl_err *err);
+
 /* Waits for the picks: route (experts and weights by rank, zero past n_used) and
  * *started (bit r: rank r's gate/up is queued from the device tier). Starts the token
  * as sl_gpu_moe_begin would, with those ranks queued: sl_gpu_moe_part the others, then
@@ -190,6 +209,10 @@ int sl_gpu_select(sl_gpu_ctx *ctx, const float *logits, const float *bias_dev, s
  * produced x). */
 int sl_gpu_moe_shared(sl_gpu_ctx *ctx, const uint16_t *x_dev, const sl_moe_expert_w *shared,
                       sl_err *err);
+
+/* 1 when sl_gpu_moe_shared would merge this shared expert into the routed launches
+ * (queueing nothing), 0 when it would queue it on the side stream. */
+int sl_gpu_moe_shared_merges(const sl_gpu_ctx *ctx, const sl_moe_expert_w *shared);
 
 /* Queues the routed experts of one token on the main stream: route (experts and
  * weights by rank) and w[n_used] (their device-visible weights by rank). Experts are

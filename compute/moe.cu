@@ -390,21 +390,55 @@ static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl
     return cudaGetLastError();
 }
 
+/* The residual (h_out = bf16(h + y), h itself when h_out is NULL) and, unless w is
+ * NULL, x = the norm of it (sl_emu_residual_norm), one CTA on the main stream. */
+static cudaError_t launch_norm(const sl_gpu_ctx *c, const uint16_t *h, const uint16_t *y,
+                               uint16_t *h_out, const float *w, float eps, uint16_t *x)
+{
+    const uint32_t dim = c->shape.dim;
+    /* PDL: the CTA starts (and loads w) while the down before it drains */
+    return k_launch(dim <= 24 * SL_EMU_NORM_LANES ? k_residual_norm<24> : k_residual_norm<0>, 1,
+                    SL_EMU_NORM_LANES, 0, c->main, USE_PDL, h, y, w, eps, dim, x,
+                    y && h_out ? h_out : (uint16_t *)h);
+}
+
+/* Whether k_router_pf computes the norm itself at this shape (else launch_norm runs
+ * before it) and its shared memory then: x, ffn_norm's weights and the lanes' sums. */
+static bool router_norms(const sl_moe_shape *s)
+{
+    return s->dim <= 256 * RT_C && s->dim % SL_EMU_NORM_LANES == 0;
+}
+
+static size_t router_norm_smem(const sl_moe_shape *s)
+{
+    return sizeof(float) * (2 * (size_t)s->dim + SL_EMU_NORM_LANES);
+}
+
 /* Router logits of x into logits (device-visible): the prefetching kernel, which
  * overlaps its weight loads with the kernel before it, where its registers hold a row
  * share. With ximg, x is also quantized there for the bulk-copy gate/up. Both forms
  * let the next kernel start only once the kernel before them has completed (the
- * selection relies on it: launch_select). */
+ * selection relies on it: launch_select). With nm (nm->x is x), x is first computed
+ * from the residual stream: in each of the router's CTAs where the shape allows
+ * (router_norms), else by launch_norm before it. */
 static cudaError_t launch_router(const sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w,
-                                 float *logits, uint8_t *ximg)
+                                 float *logits, uint8_t *ximg, const k_rnorm *nm = nullptr)
 {
     const sl_moe_shape *s = &c->shape;
     const uint32_t grid = (s->n_expert + BF_NW - 1) / BF_NW;
     const size_t smem = sizeof(float) * s->dim;
+    if (nm && router_norms(s))
+        return k_launch(k_router_pf<RT_NW, RT_C, true>, (s->n_expert + RT_NW - 1) / RT_NW,
+                        RT_NW * 32, router_norm_smem(s), c->main, USE_PDL, w, x, s->n_expert,
+                        s->dim, s->gate_temp, logits, ximg, c->rt_stamps, *nm);
+    if (nm) {
+        const cudaError_t rc = launch_norm(c, nm->h, nm->y, nm->h_out, nm->w, nm->eps, nm->x);
+        if (rc != cudaSuccess) return rc;
+    }
     if (s->dim <= 256 * RT_C)
         return k_launch(k_router_pf<RT_NW, RT_C>, (s->n_expert + RT_NW - 1) / RT_NW, RT_NW * 32,
                         smem, c->main, USE_PDL, w, x, s->n_expert, s->dim, s->gate_temp, logits,
-                        ximg, c->rt_stamps);
+                        ximg, c->rt_stamps, k_rnorm{});
     if (ximg) {
         const cudaError_t rc = launch_quant_img(c, x, ximg, c->main, USE_PDL);
         if (rc != cudaSuccess) return rc;
@@ -493,6 +527,12 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         int o2 = 0;
         rc = prep_kernel(k_router_pf<RT_NW, RT_C>, RT_NW * 32, sizeof(float) * dim, &o2,
                          "k_router_pf", err);
+        if (rc) return rc;
+    }
+    if (router_norms(&c->shape)) {
+        int o3 = 0;
+        rc = prep_kernel(k_router_pf<RT_NW, RT_C, true>, RT_NW * 32, router_norm_smem(&c->shape),
+                         &o3, "k_router_pf (norm)", err);
         if (rc) return rc;
     }
     if (c->gt_ok) { /* its static table needs a little more shared memory: else unused */
@@ -743,10 +783,7 @@ extern "C" int sl_gpu_residual_norm(sl_gpu_ctx *c, uint16_t *h, const uint16_t *
     if (dim % SL_EMU_NORM_LANES)
         return sl_err_set(err, SL_EINVAL, "sl_gpu_residual_norm: dim %u is not a multiple of %d",
                           dim, SL_EMU_NORM_LANES);
-    /* PDL: the CTA starts (and loads w) while the down before it drains */
-    CK(k_launch(dim <= 24 * SL_EMU_NORM_LANES ? k_residual_norm<24> : k_residual_norm<0>, 1,
-                SL_EMU_NORM_LANES, 0, c->main, USE_PDL, h, y, w, eps, dim, x),
-       "k_residual_norm");
+    CK(launch_norm(c, h, y, h, w, eps, x), "k_residual_norm");
     return 0;
 }
 
@@ -874,13 +911,12 @@ static void read_picks(const sl_gpu_ctx *c, sl_moe_route *route)
     }
 }
 
-extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w,
-                                  const float *bias, const sl_gpu_t0e *t0,
-                                  const sl_moe_route *forced, sl_err *err)
+/* sl_gpu_route_start, with x computed by the router first when nm is given
+ * (sl_gpu_route_start_norm, whose checks are done). */
+static int route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w, const float *bias,
+                       const sl_gpu_t0e *t0, const sl_moe_route *forced, const k_rnorm *nm,
+                       sl_err *err)
 {
-    if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_route_start: NULL context");
-    if (check_ptr(x, "sl_gpu_route_start: x", err) || check_ptr(w, "sl_gpu_route_start: w", err))
-        return SL_EINVAL;
     if (c->route_pending || c->in_token)
         return sl_err_set(err, SL_EINVAL, "sl_gpu_route_start: the last token is not finished");
     const sl_moe_shape *s = &c->shape;
@@ -893,7 +929,7 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
     }
     if (!c->gtd_ok) t0 = NULL; /* the device tier's kernel does not fit: the host queues all */
     CK(join_copies(c), "wait for the copies");
-    CK(launch_router(c, x, w, c->logits_dev, t0 ? c->ximg[0] : NULL), "k_router_pf");
+    CK(launch_router(c, x, w, c->logits_dev, t0 ? c->ximg[0] : NULL, nm), "k_router_pf");
     const int with_sh = t0 && c->sh_state == SH_MERGE && c->sh_x == x;
     CK(launch_select(c, bias, t0, forced ? c->forced_dev : NULL, with_sh), "k_route_select");
     if (with_sh) c->sh_state = SH_MERGED;
@@ -912,6 +948,42 @@ extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16
     c->route_pending = 1;
     c->route_x = x;
     return 0;
+}
+
+extern "C" int sl_gpu_route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w,
+                                  const float *bias, const sl_gpu_t0e *t0,
+                                  const sl_moe_route *forced, sl_err *err)
+{
+    if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_route_start: NULL context");
+    if (check_ptr(x, "sl_gpu_route_start: x", err) || check_ptr(w, "sl_gpu_route_start: w", err))
+        return SL_EINVAL;
+    return route_start(c, x, w, bias, t0, forced, NULL, err);
+}
+
+extern "C" int sl_gpu_route_start_norm(sl_gpu_ctx *c, const sl_gpu_norm *n, uint16_t *x,
+                                       const uint16_t *w, const float *bias, const sl_gpu_t0e *t0,
+                                       const sl_moe_route *forced, sl_err *err)
+{
+    if (!c || !n) return sl_err_set(err, SL_EINVAL, "sl_gpu_route_start_norm: NULL argument");
+    if (check_ptr(x, "sl_gpu_route_start_norm: x", err) ||
+        check_ptr(w, "sl_gpu_route_start_norm: w", err) ||
+        check_ptr(n->h, "sl_gpu_route_start_norm: h", err) ||
+        check_ptr(n->w, "sl_gpu_route_start_norm: norm weights", err) ||
+        (n->y && (check_ptr(n->y, "sl_gpu_route_start_norm: y", err) ||
+                  check_ptr(n->h_out, "sl_gpu_route_start_norm: h_out", err))))
+        return SL_EINVAL;
+    if (n->y && n->h_out == n->h)
+        return sl_err_set(err, SL_EINVAL,
+                          "sl_gpu_route_start_norm: h_out is h (every router CTA reads h)");
+    if (c->shape.dim % SL_EMU_NORM_LANES)
+        return sl_err_set(err, SL_EINVAL, "sl_gpu_route_start_norm: dim %u is not a multiple of %d",
+                          c->shape.dim, SL_EMU_NORM_LANES);
+    if (c->sh_state == SH_SIDE)
+        return sl_err_set(err, SL_EINVAL,
+                          "sl_gpu_route_start_norm: the shared expert was queued on the side "
+                          "stream, reading x before it is computed (sl_gpu_moe_shared_merges)");
+    const k_rnorm nm = {n->h, n->y, n->h_out, x, n->w, n->eps};
+    return route_start(c, x, w, bias, t0, forced, &nm, err);
 }
 
 extern "C" int sl_gpu_route_wait(sl_gpu_ctx *c, sl_moe_route *route, uint32_t *started, sl_err *err)
@@ -968,6 +1040,19 @@ extern "C" int sl_gpu_select(sl_gpu_ctx *c, const float *logits, const float *bi
     return 0;
 }
 
+/* Whether the shared expert rides in the routed launches (K-quant, in device memory,
+ * a free table slot, the bulk-copy kernels available) or runs on the side stream. */
+static bool shared_merges(const sl_gpu_ctx *c, const sl_moe_expert_w *sh)
+{
+    return !c->sh_bf16 && c->shape.n_used < SL_GPU_MAX_USED && c->gt_ok && c->dt_ok &&
+           !in_host(sh->gate) && !in_host(sh->up) && !in_host(sh->down);
+}
+
+extern "C" int sl_gpu_moe_shared_merges(const sl_gpu_ctx *c, const sl_moe_expert_w *sh)
+{
+    return c && sh && sh->gate && sh->up && sh->down && shared_merges(c, sh);
+}
+
 extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_expert_w *sh,
                                  sl_err *err)
 {
@@ -988,8 +1073,7 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
     tab.e[0].slot = 0;
     const bool down_dev = !in_host(sh->down);
     tab.pk = !c->sh_bf16 && down_dev;
-    if (!c->sh_bf16 && s->n_used < SL_GPU_MAX_USED && c->gt_ok && c->dt_ok && !in_host(sh->gate) &&
-        !in_host(sh->up) && down_dev) {
+    if (shared_merges(c, sh)) {
         c->sh = tab.e[0];
         c->sh.slot = (int)s->n_used;
         c->sh_x = x;

@@ -1886,17 +1886,88 @@ __global__ void __launch_bounds__(NW * 32)
     }
 }
 
+/* The previous layer's residual and this layer's ffn_norm folded into the router
+ * (k_router_pf's NORM form): h, y (NULL: no residual) and w are read, h_out (never h:
+ * every CTA reads h) gets bf16(h + y) and x the normed input, each CTA writing its rows
+ * of 256 values of both. */
+struct k_rnorm {
+    const uint16_t *h, *y;
+    uint16_t *h_out, *x;
+    const float *w;
+    float eps;
+};
+
+/* sl_emu_residual_norm (w not NULL) in one CTA of 128 threads, into xf (f32, shared)
+ * and, for its rows, into nm.h_out and nm.x: thread t holds the emulation's lanes 2t
+ * and 2t + 1 (a bf16 pair a load; h, y and w all loaded at once), adds their squares
+ * in increasing i, the 256 lanes' sums meet in ss in the emulation's pairing. */
+__device__ __forceinline__ void k_norm_in_cta(const k_rnorm &nm, uint32_t dim, float *ss, float *xf)
+{
+    constexpr int E = 24; /* rows of 256 values: dim <= 6144 */
+    constexpr uint32_t NT = SL_EMU_NORM_LANES / 2;
+    const uint32_t t = threadIdx.x, ne = dim / SL_EMU_NORM_LANES;
+    const uint32_t *h2 = (const uint32_t *)nm.h, *y2 = (const uint32_t *)nm.y;
+    uint32_t hv[E], yv[E];
+    float2 wv[E];
+#pragma unroll
+    for (int q = 0; q < E; q++)
+        if ((uint32_t)q < ne) {
+            hv[q] = h2[t + NT * q];
+            if (y2) yv[q] = y2[t + NT * q];
+            wv[q] = ((const float2 *)nm.w)[t + NT * q];
+        }
+    float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+    for (int q = 0; q < E; q++) {
+        if ((uint32_t)q >= ne) break;
+        if (y2) {
+            const uint32_t lo =
+                sl_emu_bf16_bits(sl_emu_add(sl_emu_float(hv[q] << 16), sl_emu_float(yv[q] << 16)));
+            const uint32_t hi = sl_emu_bf16_bits(
+                sl_emu_add(sl_emu_float(hv[q] & 0xffff0000u), sl_emu_float(yv[q] & 0xffff0000u)));
+            hv[q] = lo | hi << 16;
+            if ((uint32_t)q % gridDim.x == blockIdx.x) ((uint32_t *)nm.h_out)[t + NT * q] = hv[q];
+        }
+        const float v0 = sl_emu_float(hv[q] << 16), v1 = sl_emu_float(hv[q] & 0xffff0000u);
+        a0 = sl_emu_add(a0, sl_emu_mul(v0, v0));
+        a1 = sl_emu_add(a1, sl_emu_mul(v1, v1));
+    }
+    ss[2 * t] = a0;
+    ss[2 * t + 1] = a1;
+    __syncthreads();
+    for (uint32_t off = SL_EMU_NORM_LANES / 2; off; off >>= 1) {
+        if (t < off) ss[t] = sl_emu_add(ss[t], ss[t + off]);
+        __syncthreads();
+    }
+    const float r =
+        sl_emu_div(1.0f, sl_emu_sqrt(sl_emu_add(sl_emu_div(ss[0], (float)dim), nm.eps)));
+#pragma unroll
+    for (int q = 0; q < E; q++) {
+        if ((uint32_t)q >= ne) break;
+        const uint32_t i = 2 * t + SL_EMU_NORM_LANES * q;
+        const uint32_t x0 =
+            sl_emu_bf16_bits(sl_emu_mul(wv[q].x, sl_emu_mul(sl_emu_float(hv[q] << 16), r)));
+        const uint32_t x1 =
+            sl_emu_bf16_bits(sl_emu_mul(wv[q].y, sl_emu_mul(sl_emu_float(hv[q] & 0xffff0000u), r)));
+        *(float2 *)(xf + i) = make_float2(sl_emu_float(x0 << 16), sl_emu_float(x1 << 16));
+        if ((uint32_t)q % gridDim.x == blockIdx.x) ((uint32_t *)nm.x)[t + NT * q] = x0 | x1 << 16;
+    }
+}
+
 /* Router logits as k_router (the same lanes and order), one warp per expert, each
  * lane holding its whole row share in registers (C 16-byte chunks, dim <= 256 C):
  * the weight loads are issued before the wait for the previous kernel (PDL), so they
  * overlap the norm that produces x. With ximg, the grid also quantizes x for the
- * bulk-copy gate/up (k_quant_x_img's bytes). */
-template <int NW, int C>
+ * bulk-copy gate/up (k_quant_x_img's bytes). NORM: x is not read but computed in each
+ * CTA from nm (k_norm_in_cta), so the router waits for the down itself, not for a
+ * norm kernel after it. */
+template <int NW, int C, bool NORM = false>
 __global__ void __launch_bounds__(NW * 32)
     k_router_pf(const uint16_t *__restrict__ w, const uint16_t *__restrict__ x, uint32_t n_expert,
                 uint32_t dim, float temp, float *__restrict__ logits, uint8_t *__restrict__ ximg,
-                unsigned long long *stamps)
+                unsigned long long *stamps, k_rnorm nm)
 {
+    static_assert(!NORM || (NW * 64 == SL_EMU_NORM_LANES && C <= 24), "k_norm_in_cta's shape");
     extern __shared__ int4 k_smem[];
     float *xf = (float *)k_smem;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1916,28 +1987,32 @@ __global__ void __launch_bounds__(NW * 32)
     k_pdl_wait();
     k_pdl_go();
     k_stamp(rec, 1);
-    /* x widened into shared memory, 8 values a 16-byte load, all the loads of a thread
-     * issued before the first store (one latency: dim <= 256 C) */
-    constexpr int XL = (32 * C + NW * 32 - 1) / (NW * 32); /* 16-byte loads a thread */
-    int4 xv[XL];
+    if (NORM) {
+        k_norm_in_cta(nm, dim, xf + dim, xf);
+    } else {
+        /* x widened into shared memory, 8 values a 16-byte load, all the loads of a
+         * thread issued before the first store (one latency: dim <= 256 C) */
+        constexpr int XL = (32 * C + NW * 32 - 1) / (NW * 32); /* 16-byte loads a thread */
+        int4 xv[XL];
 #pragma unroll
-    for (int l = 0; l < XL; l++) {
-        const uint32_t i = threadIdx.x + l * NW * 32;
-        if (i < dim / 8) xv[l] = *(const int4 *)(x + 8 * i);
-    }
+        for (int l = 0; l < XL; l++) {
+            const uint32_t i = threadIdx.x + l * NW * 32;
+            if (i < dim / 8) xv[l] = *(const int4 *)(x + 8 * i);
+        }
 #pragma unroll
-    for (int l = 0; l < XL; l++) {
-        const uint32_t i = threadIdx.x + l * NW * 32;
-        if (i >= dim / 8) break;
-        const int4 q = xv[l];
-        const uint32_t u[4] = {(uint32_t)q.x, (uint32_t)q.y, (uint32_t)q.z, (uint32_t)q.w};
-        float4 lo, hi;
-        lo.x = sl_emu_float(u[0] << 16), lo.y = sl_emu_float(u[0] & 0xffff0000u);
-        lo.z = sl_emu_float(u[1] << 16), lo.w = sl_emu_float(u[1] & 0xffff0000u);
-        hi.x = sl_emu_float(u[2] << 16), hi.y = sl_emu_float(u[2] & 0xffff0000u);
-        hi.z = sl_emu_float(u[3] << 16), hi.w = sl_emu_float(u[3] & 0xffff0000u);
-        *(float4 *)(xf + 8 * i) = lo;
-        *(float4 *)(xf + 8 * i + 4) = hi;
+        for (int l = 0; l < XL; l++) {
+            const uint32_t i = threadIdx.x + l * NW * 32;
+            if (i >= dim / 8) break;
+            const int4 q = xv[l];
+            const uint32_t u[4] = {(uint32_t)q.x, (uint32_t)q.y, (uint32_t)q.z, (uint32_t)q.w};
+            float4 lo, hi;
+            lo.x = sl_emu_float(u[0] << 16), lo.y = sl_emu_float(u[0] & 0xffff0000u);
+            lo.z = sl_emu_float(u[1] << 16), lo.w = sl_emu_float(u[1] & 0xffff0000u);
+            hi.x = sl_emu_float(u[2] << 16), hi.y = sl_emu_float(u[2] & 0xffff0000u);
+            hi.z = sl_emu_float(u[3] << 16), hi.w = sl_emu_float(u[3] & 0xffff0000u);
+            *(float4 *)(xf + 8 * i) = lo;
+            *(float4 *)(xf + 8 * i + 4) = hi;
+        }
     }
     __syncthreads();
     k_stamp(rec, 3);
@@ -2198,11 +2273,12 @@ __global__ void k_embed_q2_k(const uint8_t *__restrict__ table, uint32_t row, ui
 /* The residual and the next layer's ffn_norm (sl_emu_residual_norm's arithmetic), one
  * CTA of SL_EMU_NORM_LANES threads: thread j owns elements j, j + lanes, ... (it adds
  * their squares in increasing i), the lanes' sums meet in a shared-memory tree in the
- * emulation's pairing. y or w may be NULL (no residual; no norm). */
+ * emulation's pairing. y or w may be NULL (no residual; no norm); the residual goes to
+ * h_out (h itself, or another buffer). */
 template <int E>
 static __global__ void __launch_bounds__(SL_EMU_NORM_LANES)
-    k_residual_norm(uint16_t *__restrict__ h, const uint16_t *__restrict__ y,
-                    const float *__restrict__ w, float eps, uint32_t dim, uint16_t *__restrict__ x)
+    k_residual_norm(const uint16_t *h, const uint16_t *__restrict__ y, const float *__restrict__ w,
+                    float eps, uint32_t dim, uint16_t *__restrict__ x, uint16_t *h_out)
 {
     __shared__ float s[SL_EMU_NORM_LANES];
     const uint32_t j = threadIdx.x, ne = dim / SL_EMU_NORM_LANES;
@@ -2233,7 +2309,7 @@ static __global__ void __launch_bounds__(SL_EMU_NORM_LANES)
                 if (y) {
                     hv[q] = sl_emu_bf16_bits(
                         sl_emu_add(sl_emu_bf16_to_f32(hv[q]), sl_emu_bf16_to_f32(yv[q])));
-                    h[j + q * SL_EMU_NORM_LANES] = hv[q];
+                    h_out[j + q * SL_EMU_NORM_LANES] = hv[q];
                 }
                 const float v = sl_emu_bf16_to_f32(hv[q]);
                 acc = sl_emu_add(acc, sl_emu_mul(v, v));
@@ -2243,7 +2319,7 @@ static __global__ void __launch_bounds__(SL_EMU_NORM_LANES)
             uint16_t hb = h[i];
             if (y) {
                 hb = sl_emu_bf16_bits(sl_emu_add(sl_emu_bf16_to_f32(hb), sl_emu_bf16_to_f32(y[i])));
-                h[i] = hb;
+                h_out[i] = hb;
             }
             const float v = sl_emu_bf16_to_f32(hb);
             acc = sl_emu_add(acc, sl_emu_mul(v, v));
@@ -2267,7 +2343,7 @@ static __global__ void __launch_bounds__(SL_EMU_NORM_LANES)
             }
     } else {
         for (uint32_t i = j; i < dim; i += SL_EMU_NORM_LANES)
-            x[i] = sl_emu_bf16_bits(sl_emu_mul(w[i], sl_emu_mul(sl_emu_bf16_to_f32(h[i]), r)));
+            x[i] = sl_emu_bf16_bits(sl_emu_mul(w[i], sl_emu_mul(sl_emu_bf16_to_f32(h_out[i]), r)));
     }
 }
 

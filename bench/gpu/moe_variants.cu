@@ -727,9 +727,10 @@ static cudaError_t fl_queue(const mb_layer *L, int it, int n_sm)
         if (!occ) return cudaErrorInvalidConfiguration;
     }
     if (io->dim > 256 * 24 || L->n_expert > 1024) return cudaErrorInvalidValue;
-    cudaError_t rc = k_launch(
-        k_router_pf<4, 24>, (L->n_expert + 3) / 4, 128, sizeof(float) * io->dim, 0, true, L->router,
-        io->x, L->n_expert, io->dim, L->gate_temp, fl_logits, io->ximg, (unsigned long long *)NULL);
+    cudaError_t rc =
+        k_launch(k_router_pf<4, 24>, (L->n_expert + 3) / 4, 128, sizeof(float) * io->dim, 0, true,
+                 L->router, io->x, L->n_expert, io->dim, L->gate_temp, fl_logits, io->ximg,
+                 (unsigned long long *)NULL, k_rnorm{});
     if (rc != cudaSuccess) return rc;
     sl_kexp sh;
     sh.gate = (const uint8_t *)L->sh_gate;

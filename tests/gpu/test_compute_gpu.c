@@ -106,12 +106,13 @@ Test(compute_gpu, same_bytes_from_every_tier_and_from_the_cpu_twin, .timeout = 3
     snprintf(model, sizeof model, "%s/%s-00001-of-00002.gguf", dir, cfg.name);
     snprintf(endpoint, sizeof endpoint, "ipc://%s/f.sock", dir);
     snprintf(log_path, sizeof log_path, "%s/log", dir);
-    char zc[200], t0s[200], t0l[200], cpu[200], rs[200];
+    char zc[200], t0s[200], t0l[200], cpu[200], rs[200], nk[200];
     snprintf(zc, sizeof zc, "%s/zero-copy.bin", dir);
     snprintf(t0s, sizeof t0s, "%s/t0-small.bin", dir);
     snprintf(t0l, sizeof t0l, "%s/t0-large.bin", dir);
     snprintf(cpu, sizeof cpu, "%s/cpu.bin", dir);
     snprintf(rs, sizeof rs, "%s/restart.bin", dir);
+    snprintf(nk, sizeof nk, "%s/norm-kernel.bin", dir);
     pid_t f = fetcher();
     run_compute("gpu", "0", zc, NULL);
     run_compute("gpu", "8", t0s, NULL);
@@ -120,6 +121,9 @@ Test(compute_gpu, same_bytes_from_every_tier_and_from_the_cpu_twin, .timeout = 3
     same(zc, t0s);
     same(zc, t0l);
     same(zc, cpu);
+    /* The residual and the norm in a kernel of their own instead of inside the router. */
+    run_compute("gpu", "8", nk, "--norm-kernel");
+    same(zc, nk);
     /* Tracing changes no byte, and the trace holds the GPU's own spans. */
     char tr[200];
     snprintf(tr, sizeof tr, "%s/trace.json", dir);
@@ -150,8 +154,8 @@ Test(compute_gpu, same_bytes_from_every_tier_and_from_the_cpu_twin, .timeout = 3
     }
     kill(f, SIGTERM);
     wait_exit(f);
-    printf("compute_gpu: zero-copy, T0 8, 96 and 50 preloaded slots, CPU twin and restarts (T0 "
-           "auto, zero-copy), traced: same bytes\n");
+    printf("compute_gpu: zero-copy, T0 8, 96 and 50 preloaded slots, CPU twin, the norm as its "
+           "own kernel and restarts (T0 auto, zero-copy), traced: same bytes\n");
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
 }

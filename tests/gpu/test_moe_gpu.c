@@ -270,6 +270,86 @@ Test(moe_gpu, residual_norm_bit_exact)
     check_residual_norm(12288);
 }
 
+/* The residual and the norm inside the router (sl_gpu_route_start_norm): x, the new
+ * residual (in the other buffer; h untouched) and the picks are the bits of
+ * sl_emu_residual_norm then router.c, with and without the residual; at 5120 the
+ * router's CTAs compute the norm, at 8192 a norm kernel runs before the router. */
+static void check_route_norm(uint32_t dim)
+{
+    sl_moe_shape s = make_shape(dim, 256, 6, 0);
+    sl_err err = {0};
+    sl_gpu_ctx *c = open_gpu(&s);
+    const uint32_t ne = s.n_expert;
+    uint16_t *h = rand_bf16(dim, 4.0f), *y = rand_bf16(dim, 2.0f), *hh = malloc(dim * 2);
+    uint16_t *x = malloc(dim * 2), *gh = malloc(dim * 2), *gx = malloc(dim * 2);
+    uint16_t *rw = rand_bf16((uint64_t)ne * dim, 0.05f);
+    float *w = malloc(dim * sizeof(float)), *bias = malloc(sizeof(float) * ne);
+    float *logits = malloc(sizeof(float) * ne);
+    for (uint32_t i = 0; i < dim; i++) w[i] = 0.5f + sl_bf16_to_f32(y[(i * 7) % dim]) * 0.25f;
+    for (uint32_t e = 0; e < ne; e++) bias[e] = (float)(rnd() % 5) * 0.01f;
+    void *hd = to_dev(c, h, dim * 2), *yd = to_dev(c, y, dim * 2), *wd = to_dev(c, w, dim * 4);
+    void *rwd = to_dev(c, rw, (size_t)ne * dim * 2), *bd = to_dev(c, bias, sizeof(float) * ne);
+    void *xd = NULL, *h2d = NULL;
+    cr_assert_eq(sl_gpu_malloc(c, &xd, dim * 2, &err), 0);
+    cr_assert_eq(sl_gpu_malloc(c, &h2d, dim * 2, &err), 0);
+    const sl_moe_layer_w lw = {rw, bias, {NULL, NULL, NULL}};
+    for (int mode = 0; mode < 2; mode++) { /* residual + norm, norm only */
+        const uint16_t *yy = mode ? NULL : y;
+        memcpy(hh, h, dim * 2);
+        sl_emu_residual_norm(dim, hh, yy, w, 1e-6f, x);
+        sl_moe_route want, got;
+        cr_assert_eq(sl_router_route(x, &lw, &s, logits, &want, &err), 0, "%s", err.msg);
+        poison_dev(c, xd, dim * 2);
+        poison_dev(c, h2d, dim * 2);
+        const sl_gpu_norm n = {hd, mode ? NULL : yd, h2d, wd, 1e-6f};
+        uint32_t started = 99;
+        cr_assert_eq(sl_gpu_route_start_norm(c, &n, xd, rwd, bd, NULL, NULL, &err), 0, "%s",
+                     err.msg);
+        cr_assert_eq(sl_gpu_route_wait(c, &got, &started, &err), 0, "%s", err.msg);
+        cr_assert_eq(started, 0u);
+        for (uint32_t r = 0; r < s.n_used; r++) {
+            cr_assert_eq(got.expert[r], want.expert[r], "dim %u mode %d rank %u: expert %u vs %u",
+                         dim, mode, r, got.expert[r], want.expert[r]);
+            cr_assert_eq(memcmp(&got.weight[r], &want.weight[r], 4), 0, "rank %u weight", r);
+        }
+        cr_assert_eq(sl_gpu_moe_abort(c, &err), 0, "%s", err.msg);
+        cr_assert_eq(sl_gpu_download(c, gx, xd, dim * 2, &err), 0, "%s", err.msg);
+        for (uint32_t i = 0; i < dim; i++)
+            cr_assert_eq(gx[i], x[i], "dim %u mode %d: x[%u] %04x vs %04x", dim, mode, i, gx[i],
+                         x[i]);
+        cr_assert_eq(sl_gpu_download(c, gh, hd, dim * 2, &err), 0, "%s", err.msg);
+        cr_assert_eq(memcmp(gh, h, dim * 2), 0, "dim %u mode %d: h was written", dim, mode);
+        if (!mode) {
+            cr_assert_eq(sl_gpu_download(c, gh, h2d, dim * 2, &err), 0, "%s", err.msg);
+            cr_assert_eq(memcmp(gh, hh, dim * 2), 0, "dim %u: the residual differs", dim);
+        }
+    }
+    /* the residual written over h while other CTAs read it: refused */
+    const sl_gpu_norm bad = {hd, yd, hd, wd, 1e-6f};
+    cr_assert_eq(sl_gpu_route_start_norm(c, &bad, xd, rwd, bd, NULL, NULL, &err), SL_EINVAL);
+    cr_assert(strstr(err.msg, "h_out"), "%s", err.msg);
+    void *bufs[] = {hd, yd, wd, rwd, bd, xd, h2d};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) sl_gpu_free(c, bufs[i]);
+    sl_gpu_close(&c);
+    free(h);
+    free(y);
+    free(hh);
+    free(x);
+    free(gh);
+    free(gx);
+    free(rw);
+    free(w);
+    free(bias);
+    free(logits);
+}
+
+Test(moe_gpu, route_norm_bit_exact)
+{
+    NEED_GPU();
+    check_route_norm(5120);
+    check_route_norm(8192);
+}
+
 static void check_router(uint32_t dim, float temp)
 {
     sl_moe_shape s = make_shape(dim, 256, 2, 0);
