@@ -109,7 +109,8 @@ struct sl_kttab {
  * leader's %globaltimer at its milestones, SL_KSTAMP_SLOTS slots a (CTA, group) record:
  * 0 entry, 1 past the previous kernel (and, gate/up, x landed), 2 + 2i unit i's bytes
  * landed and 3 + 2i unit i done (i < SL_KSTAMP_UNITS), 28 (the device-table gate/up's
- * group 0) the selection's table read, 30 the group's end, 31 its units. */
+ * group 0) the selection's table read, 29 (the device-table gate/up) past its final wait
+ * for the selection's grid, 30 the group's end, 31 its units. */
 __device__ __forceinline__ void k_stamp(unsigned long long *rec, uint32_t slot)
 {
     if (rec) rec[slot] = k_globaltimer();
@@ -1230,6 +1231,7 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
     }
     k_stamp_end(rec, i);
     if (ttab) k_pdl_wait(); /* the selection's end comes before this kernel's */
+    k_stamp(rec, 29);
 }
 
 /* STAMP: the form that records milestones (s.stamps); the others have no trace of them.

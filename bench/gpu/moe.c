@@ -285,13 +285,15 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
                                                              "end (host's picks written)"};
     for (int k = 0; k <= SL_GPU_RT_SEL_END; k++)
         if (rt[k]) say("| selection | %s | | %.2f | | 1 |\n", sname[k], ((double)rt[k] - t0) / 1e3);
-    static const int slot[4] = {0, 28, 1, 30};
-    static const char *const gname[4] = {"entry", "the table read (group 0's warp 0)",
-                                         "x and the table landed", "end"};
-    static const char *const dname[4] = {"entry", "", "past its wait (the kernel before)", "end"};
+    static const int slot[5] = {0, 28, 1, 30, 29};
+    static const char *const gname[5] = {"entry", "the table read (group 0's warp 0)",
+                                         "x and the table landed", "end",
+                                         "past its final wait (the selection's grid)"};
+    static const char *const dname[5] = {"entry", "", "past its wait (the kernel before)", "end",
+                                         ""};
     for (int w = 0; w < 2; w++)
-        for (int k = 0; k < 4; k++) {
-            if (w && k == 1) continue;
+        for (int k = 0; k < 5; k++) {
+            if (w && (k == 1 || k == 4)) continue;
             double v[3];
             const int n = rec_stats(w ? dn : gu, MB_ST_RECS, MB_ST_SLOTS, 30, slot[k], t0, v);
             if (n)
@@ -683,8 +685,10 @@ int main(int argc, char **argv)
             "**device routing**, h's q8_1 by the gate/up, 32 rows a CTA (its two groups)"};
         for (int mode = 0; mode < 6; mode++) {
             if (o.quick && mode < 2) continue;
-            const sl_gpu_probe pr = {0, mode == 3, mode == 4 ? 1 : mode == 5 ? 4 : 0, NULL, NULL,
-                                     0, NULL};
+            const sl_gpu_probe pr = {.wait_select = mode == 3,
+                                     .qh_form = mode == 4   ? 1
+                                                : mode == 5 ? 4
+                                                            : 0};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
             double b2b = 0;
             for (int pass = 0; pass < 2; pass++) { /* 0: a sync per layer; 1: back to back */
@@ -767,7 +771,7 @@ int main(int argc, char **argv)
                                                                    : " (output DIFFERS)");
         }
         {
-            const sl_gpu_probe pr = {0, 0, 0, NULL, NULL, 0, NULL};
+            const sl_gpu_probe pr = {0};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
         }
         /* Where a device-routed layer's time goes, on the GPU's own clock (event marks on
@@ -830,8 +834,14 @@ int main(int argc, char **argv)
                 rts[SL_GPU_RT_STAMPS];
             memset(st, 0, sizeof st);
             memset(rts, 0, sizeof rts);
-            const sl_gpu_probe pr = {
-                0, ws == 1, ws == 2 ? 1 : ws == 3 ? 4 : 0, gu_st, dn_st, MB_ST_RECS, rt_st};
+            const sl_gpu_probe pr = {.wait_select = ws == 1,
+                                     .qh_form = ws == 2   ? 1
+                                                : ws == 3 ? 4
+                                                          : 0,
+                                     .gu_stamps = gu_st,
+                                     .dn_stamps = dn_st,
+                                     .records = MB_ST_RECS,
+                                     .rt_stamps = rt_st};
             if (sl_gpu_upload(c, gu_st, st, sizeof st, &err) ||
                 sl_gpu_upload(c, dn_st, st, sizeof st, &err) ||
                 sl_gpu_upload(c, rt_st, rts, sizeof rts, &err) || sl_gpu_set_probe(c, &pr, &err))
@@ -874,7 +884,7 @@ int main(int argc, char **argv)
             }
         }
         {
-            const sl_gpu_probe pr = {0, 0, 0, NULL, NULL, 0, NULL};
+            const sl_gpu_probe pr = {0};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
         }
         if (o.quick) {
