@@ -403,7 +403,7 @@ static cudaError_t launch_norm(const sl_gpu_ctx *c, const uint16_t *h, const uin
 }
 
 /* Whether k_router_pf computes the norm itself at this shape (else launch_norm runs
- * before it) and its shared memory then: x, ffn_norm's weights and the lanes' sums. */
+ * before it) and its shared memory then: x and the lanes' sums. */
 static bool router_norms(const sl_moe_shape *s)
 {
     return s->dim <= 256 * RT_C && s->dim % SL_EMU_NORM_LANES == 0;
@@ -411,7 +411,7 @@ static bool router_norms(const sl_moe_shape *s)
 
 static size_t router_norm_smem(const sl_moe_shape *s)
 {
-    return sizeof(float) * (2 * (size_t)s->dim + SL_EMU_NORM_LANES);
+    return sizeof(float) * ((size_t)s->dim + SL_EMU_NORM_LANES);
 }
 
 /* Router logits of x into logits (device-visible): the prefetching kernel, which
