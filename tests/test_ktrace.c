@@ -5,24 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-static char dir[64], csv[128];
+#include "run_cmd.h"
 
-/* Runs cmd through the shell; stdout+stderr go to out (at most cap-1 bytes). */
-static int run(const char *cmd, char *out, size_t cap)
-{
-    char full[1024];
-    snprintf(full, sizeof full, "{ %s ; } 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    cr_assert_not_null(p);
-    size_t n = 0, got;
-    while (n + 1 < cap && (got = fread(out + n, 1, cap - 1 - n, p)) > 0) n += got;
-    out[n] = '\0';
-    const int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+static char dir[64], csv[128];
 
 static void write_file(const char *path, const char *text)
 {
@@ -65,7 +52,7 @@ Test(ktrace, medians_names_and_the_period)
 {
     char cmd[512], out[8192];
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/bench-ktrace %s --from 0 --period k_alpha", csv);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "6 kernel records, the last 6 measured"), "%s", out);
     cr_assert(strstr(out, "| k_beta | 3 | 3.00 | 3.50 |"), "%s", out);
     cr_assert(strstr(out, "| k_alpha | 2 | 1.50 | 1.50 |"), "%s", out);
@@ -79,13 +66,13 @@ Test(ktrace, from_and_keep_all)
     char cmd[512], out[8192];
     /* from the middle: the last 3 records (beta 4000, alpha 8000, beta 8500) */
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/bench-ktrace %s", csv);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "the last 3 measured"), "%s", out);
     cr_assert(strstr(out, "| k_alpha | 1 | 1.00 | 1.00 |"), "%s", out);
     cr_assert(strstr(out, "| k_beta | 1 | 3.00 | 3.50 |"), "%s", out);
     /* --keep-all: the fill ends 1.8 us before the kernel started before it did */
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/bench-ktrace %s --from 0 --keep-all", csv);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "| k_t0_set | 1 | -1.80 | 0.10 |"), "%s", out);
 }
 
@@ -93,24 +80,24 @@ Test(ktrace, bad_input_gets_one_clear_line)
 {
     char cmd[512], out[8192], bad[160];
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/bench-ktrace %s/none.csv", dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "No such file"), "%s", out);
     snprintf(bad, sizeof bad, "%s/bad.csv", dir);
     write_file(bad, "kernel,0,1000,7,1,32,_Z6k_betav\nkernel,x,2000,7,1,32,_Z6k_betav\n");
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/bench-ktrace %s", bad);
-    cr_assert_eq(run(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "line 2: bad start"), "%s", out);
     write_file(bad, "kernel,0,1000,7,1,32,_Z6k_betav\nhello\n");
-    cr_assert_eq(run(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "line 2 is not a ktrace record"), "%s", out);
     write_file(bad, "kernel,0,1000,7,1,32,_Z6k_betav\n");
-    cr_assert_eq(run(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "1 kernel records, 2 at least"), "%s", out);
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/bench-ktrace %s --from 1.5", csv);
-    cr_assert_eq(run(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "--from 1.5"), "%s", out);
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/bench-ktrace %s --from 0 --period k_gamma", csv);
-    cr_assert_eq(run(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "--period k_gamma"), "%s", out);
     /* nothing is printed to a line but the one */
     cr_assert_eq(strchr(out, '\n'), strrchr(out, '\n'), "%s", out);

@@ -5,30 +5,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gguf.h"
+#include "run_cmd.h"
 #include "quant.h"
 
 static char dir[64], first[160];
-
-/* Runs cmd through the shell; stdout+stderr go to out (at most cap-1 bytes). */
-static int run(const char *cmd, char *out, size_t cap)
-{
-    char full[1024];
-    snprintf(full, sizeof full, "{ %s ; } 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    cr_assert_not_null(p);
-    size_t n = 0, got;
-    while (n + 1 < cap && (got = fread(out + n, 1, cap - 1 - n, p)) > 0) n += got;
-    out[n] = '\0';
-    char sink[4096];
-    while (fread(sink, 1, sizeof sink, p) > 0) {
-    }
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 static void setup(void)
 {
@@ -37,7 +20,7 @@ static void setup(void)
     char cmd[512], out[8192];
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/sluice-synth --preset tiny --out %s --shards 2 --seed 3",
              dir);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 0, "%s", out);
     snprintf(first, sizeof first, "%s/sluice-tiny-00001-of-00002.gguf", dir);
     cr_assert_eq(access(first, R_OK), 0, "%s", out);
 }
@@ -56,13 +39,13 @@ Test(tools, info_lists_metadata_tensors_and_totals)
     char cmd[512];
     static char out[1 << 20];
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/sluice-gguf info %s", first);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "general.architecture = \"deepseek41\""), "%.2000s", out);
     cr_assert(strstr(out, "blk.5.ffn_down_exps.weight"), "tensors are listed");
     cr_assert(strstr(out, "shards: 2"), "split info");
     cr_assert(strstr(out, "totals per type:") && strstr(out, "Q3_K"), "totals per type");
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/sluice-gguf info %s --summary", first);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert_null(strstr(out, "blk.5.ffn_down_exps.weight"), "the summary leaves tensors out");
 }
 
@@ -70,7 +53,7 @@ Test(tools, verify_passes_on_a_good_checkpoint_and_names_a_truncated_shard)
 {
     char cmd[512], out[8192];
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/sluice-gguf verify %s --data", first);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "layout: all") && strstr(out, "expert map") &&
                   strstr(out, "finite values: ok"),
               "%s", out);
@@ -78,7 +61,7 @@ Test(tools, verify_passes_on_a_good_checkpoint_and_names_a_truncated_shard)
     snprintf(second, sizeof second, "%s/sluice-tiny-00002-of-00002.gguf", dir);
     cr_assert_eq(truncate(second, 1000000), 0);
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/sluice-gguf verify %s", first);
-    cr_assert_eq(run(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "sluice-tiny-00002-of-00002.gguf"), "the bad shard is named: %s", out);
     cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
 }
@@ -90,7 +73,7 @@ static void check_dump(const char *tensor)
     char path[200];
     snprintf(path, sizeof path, "%s/dump.f32", dir);
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/sluice-gguf dump %s %s > %s", first, tensor, path);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 0, "%s", out);
     sl_err err = {0};
     sl_gguf *g = NULL;
     cr_assert_eq(sl_gguf_open(&g, first, &err), 0, "%s", err.msg);
@@ -125,7 +108,7 @@ Test(tools, experts_summarises_the_slice_map)
 {
     char cmd[512], out[8192];
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/sluice-gguf experts %s", first);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "6 layers x 16 experts"), "%s", out);
     cr_assert(strstr(out, "slot layout (align 4096)"), "%s", out);
 }
@@ -133,14 +116,16 @@ Test(tools, experts_summarises_the_slice_map)
 Test(tools, bad_input_gets_one_clear_line)
 {
     char cmd[512], out[8192];
-    cr_assert_eq(run(SL_BIN_DIR "/sluice-gguf verify /nonexistent/m.gguf", out, sizeof out), 1);
+    cr_assert_eq(sl_test_run(SL_BIN_DIR "/sluice-gguf verify /nonexistent/m.gguf", out, sizeof out),
+                 1);
     cr_assert(strstr(out, "/nonexistent/m.gguf"), "%s", out);
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/sluice-gguf dump %s no.such.tensor > /dev/null", first);
-    cr_assert_eq(run(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "no tensor named 'no.such.tensor'"), "%s", out);
-    cr_assert_eq(run(SL_BIN_DIR "/sluice-gguf frobnicate x", out, sizeof out), 2);
-    cr_assert_eq(run(SL_BIN_DIR "/sluice-synth --preset huge --out /tmp/x", out, sizeof out), 2);
+    cr_assert_eq(sl_test_run(SL_BIN_DIR "/sluice-gguf frobnicate x", out, sizeof out), 2);
+    cr_assert_eq(
+        sl_test_run(SL_BIN_DIR "/sluice-synth --preset huge --out /tmp/x", out, sizeof out), 2);
     cr_assert(strstr(out, "tiny"), "the presets are listed: %s", out);
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/sluice-synth --preset tiny --out %s --shards 0", dir);
-    cr_assert_neq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_neq(sl_test_run(cmd, out, sizeof out), 0, "%s", out);
 }
