@@ -1,10 +1,12 @@
 #!/bin/sh
 # run-box.sh - what a GPU box is used for, in one call (device time is scarce): the GPU
 # test suite, bench-moe, the end-to-end table (run-moe-e2e.sh) and the fetcher bench
-# (run-fetch.sh), each into OUT_DIR, each under its own time limit. Run it from the repo
+# (run-fetch.sh) and the layer's kernel trace (run-ktrace.sh, as built and with
+# --norm-kernel), each into OUT_DIR, each under its own time limit. Run it from the repo
 # root of a copy whose BUILD_DIR was built elsewhere and carried along with its libraries
 # (../shared/device/README.md's recipe: BUILD_DIR/devlibs).
-# usage: bench/run-box.sh BUILD_DIR OUT_DIR [tests] [moe] [e2e] [fetch]   (default: all)
+# usage: bench/run-box.sh BUILD_DIR OUT_DIR [tests] [moe] [e2e] [fetch] [ktrace]
+#        (default: the first four)
 # SKIP_COLD=1 leaves the e2e's cold runs out; PIN=A,B as run-fetch.sh.
 set -u
 build=$1
@@ -26,8 +28,9 @@ for part in $parts; do
     moe) timeout 180 "$build/bin/bench-moe" -o "$out/moe.md" >"$out/moe.log" 2>&1 || rc=1 ;;
     e2e) timeout 420 sh bench/run-moe-e2e.sh "$build" /tmp/sluice-bench-L4 32 64 >"$out/e2e.txt" 2>&1 || rc=1 ;;
     fetch) timeout 300 sh bench/run-fetch.sh "$build" "$out/fetch.md" >"$out/fetch.log" 2>&1 || rc=1 ;;
+    ktrace) timeout 300 sh bench/run-ktrace.sh "$build" "$out" -- --norm-kernel >"$out/ktrace.log" 2>&1 || rc=1 ;;
     *)
-        echo "run-box.sh: unknown part '$part' (tests, moe, e2e, fetch)" >&2
+        echo "run-box.sh: unknown part '$part' (tests, moe, e2e, fetch, ktrace)" >&2
         exit 2
         ;;
     esac
