@@ -7,7 +7,7 @@
 # (../shared/device/README.md's recipe: BUILD_DIR/devlibs).
 # usage: bench/run-box.sh BUILD_DIR OUT_DIR [tests] [moe] [e2e] [fetch] [ktrace]
 #        (default: the first four)
-# SKIP_COLD=1 leaves the e2e's cold runs out; PIN=A,B as run-fetch.sh.
+# SKIP_COLD=1 leaves the e2e's cold runs out; PIN=A,B as run-fetch.sh; ROUTING as run-ktrace.sh.
 set -u
 build=$1
 out=$2

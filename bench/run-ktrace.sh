@@ -1,10 +1,11 @@
 #!/bin/sh
 # run-ktrace.sh - the layer's chain in sluice-compute on the GPU's clock: the kernel trace
-# (bench/cupti/ktrace.c injected) of an all-in-T0 run of bench-L4 with uniform routing,
+# (bench/cupti/ktrace.c injected) of an all-in-T0 run of bench-L4 (routing $ROUTING, uniform
+# by default),
 # read by bench-ktrace, for compute/ as built and for each extra flag set given (e.g.
 # --norm-kernel), every run twice in turn; each table into OUT_DIR/ktrace.md, the CSVs
 # beside it. Needs BUILD_DIR/lib/libsl_ktrace.so (built when CUDA's CUPTI is found).
-# usage: bench/run-ktrace.sh BUILD_DIR OUT_DIR [CHECKPOINT_DIR] [-- FLAGS...]
+# usage: [ROUTING=uniform|zipf:S] bench/run-ktrace.sh BUILD_DIR OUT_DIR [CHECKPOINT_DIR] [-- FLAGS...]
 set -eu
 build=$1
 out=$2
@@ -37,9 +38,9 @@ for round in 1 2; do
         # shellcheck disable=SC2086
         CUDA_INJECTION64_PATH="$lib" SL_KTRACE="$csv" "$build/bin/sluice-compute" -m "$first" \
             --endpoint "$ep" -n 32 --seed 7 --backend gpu --t0-slots 1536 --t0-preload \
-            --warmup 4 --routing uniform $flags >"$out/ktrace-$i-$round.log" 2>&1
+            --warmup 4 --routing "${ROUTING:-uniform}" $flags >"$out/ktrace-$i-$round.log" 2>&1
         {
-            echo "## sluice-compute ${flags:-as built}, run $round"
+            echo "## sluice-compute ${flags:-as built}, routing ${ROUTING:-uniform}, run $round"
             echo
             "$build/bin/bench-ktrace" "$csv" --period k_down_pt_q3_k
             echo
