@@ -1,10 +1,10 @@
 #!/bin/sh
 # run-ktrace.sh - the layer's chain in sluice-compute on the GPU's clock: the kernel trace
-# (bench/cupti/ktrace.c injected) of an all-in-T0 run of bench-L4 (routing $ROUTING, uniform
-# by default),
-# read by bench-ktrace, for compute/ as built and for each extra flag set given (e.g.
-# --norm-kernel), every run twice in turn; each table into OUT_DIR/ktrace.md, the CSVs
-# beside it. Needs BUILD_DIR/lib/libsl_ktrace.so (built when CUDA's CUPTI is found).
+# (bench/cupti/ktrace.c injected) of an all-in-T0 run of bench-L4 (routing $ROUTING,
+# uniform by default), read by bench-ktrace, for compute/ as built and for each extra
+# flag set given (e.g. --norm-kernel), every run twice in turn; each table into
+# OUT_DIR/ktrace.md, the CSVs beside it. Needs BUILD_DIR/lib/libsl_ktrace.so (built when
+# CUDA's CUPTI is found).
 # usage: [ROUTING=uniform|zipf:S] bench/run-ktrace.sh BUILD_DIR OUT_DIR [CHECKPOINT_DIR] [-- FLAGS...]
 set -eu
 build=$1
