@@ -1147,11 +1147,17 @@ static uint64_t synth_step(const sl_compute *c)
     return c->step * c->opt.passes + c->pass;
 }
 
+/* Whether this layer adds the last layer's y to the residual stream (also across
+ * passes, --layer-passes). */
+static int adds_y(const sl_compute *c, uint32_t l)
+{
+    return l > 0 || c->pass > 0;
+}
+
 /* Route x: on the GPU routing on the device (below); on the CPU backends the router
- * GEMV and the selection of router.c. norm (GPU, w->norm_in_router): the router first
- * computes x itself, adding the last layer's y to the residual stream when with_y. */
-static int route_x(sl_compute *c, uint32_t l, layer_w *w, int norm, int with_y, sl_moe_route *route,
-                   sl_err *err)
+ * GEMV and the selection of router.c. On the GPU with w->norm_in_router the router
+ * first computes x itself, with the residual (layer_step has not run it). */
+static int route_x(sl_compute *c, uint32_t l, layer_w *w, sl_moe_route *route, sl_err *err)
 {
     uint64_t t = sl_now_ns();
     int rc;
@@ -1168,12 +1174,13 @@ static int route_x(sl_compute *c, uint32_t l, layer_w *w, int norm, int with_y, 
         const sl_gpu_t0e *t0 =
             c->t0.n_slot ? c->t0.table_dev + (uint64_t)l * c->cfg.n_expert : NULL;
         rc = sl_gpu_moe_shared(c->gpu, c->x_dev, &w->shared_w_dev, err);
-        if (!rc && norm) {
-            const sl_gpu_norm n = {c->h_dev, with_y ? c->y_dev : NULL, c->h2_dev, w->ffn_norm_dev,
+        if (!rc && w->norm_in_router) {
+            const int add_y = adds_y(c, l);
+            const sl_gpu_norm n = {c->h_dev, add_y ? c->y_dev : NULL, c->h2_dev, w->ffn_norm_dev,
                                    c->cfg.norm_eps};
             rc = sl_gpu_route_start_norm(c->gpu, &n, c->x_dev, w->router_dev, w->bias_dev, t0,
                                          synth ? &forced : NULL, err);
-            if (!rc && with_y) { /* the router wrote the residual into the other buffer */
+            if (!rc && add_y) { /* the router wrote the residual into the other buffer */
                 uint16_t *h = c->h_dev;
                 c->h_dev = c->h2_dev;
                 c->h2_dev = h;
@@ -1190,8 +1197,6 @@ static int route_x(sl_compute *c, uint32_t l, layer_w *w, int norm, int with_y, 
     }
 #endif
     (void)l;
-    (void)norm;
-    (void)with_y;
     rc = sl_router_logits(c->x, w->router, c->cfg.n_expert, c->cfg.dim, c->shape.gate_temp,
                           c->logits, err);
     lap(c, SUB_ROUTER, &t);
@@ -1522,13 +1527,11 @@ static int layer_step(sl_compute *c, uint32_t l, sl_err *err)
     c->mark_layer = gmark(c, 0);
     c->mark_launch = 0;
 #endif
-    /* the last layer's y, also across passes (--layer-passes); inside the router when
-     * it can compute x itself */
-    const int with_y = l > 0 || c->pass > 0;
-    int rc = w->norm_in_router ? 0 : residual_norm(c, with_y, w, err);
+    /* the last layer's y; inside the router when it can compute x itself */
+    int rc = w->norm_in_router ? 0 : residual_norm(c, adds_y(c, l), w, err);
     lap(c, SUB_NORM, &t);
     sl_moe_route route;
-    if (!rc) rc = route_x(c, l, w, w->norm_in_router, with_y, &route, err);
+    if (!rc) rc = route_x(c, l, w, &route, err);
     put_held(c);
     if (rc) return sl_err_prefix(err, "layer %u", l);
     if (c->opt.routing != SL_ROUTING_ROUTER && c->backend != SL_BACKEND_GPU)

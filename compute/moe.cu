@@ -427,18 +427,17 @@ static cudaError_t launch_router(const sl_gpu_ctx *c, const uint16_t *x, const u
     const sl_moe_shape *s = &c->shape;
     const uint32_t grid = (s->n_expert + BF_NW - 1) / BF_NW;
     const size_t smem = sizeof(float) * s->dim;
-    if (nm && router_norms(s))
-        return k_launch(k_router_pf<RT_NW, RT_C, true>, (s->n_expert + RT_NW - 1) / RT_NW,
-                        RT_NW * 32, router_norm_smem(s), c->main, USE_PDL, w, x, s->n_expert,
-                        s->dim, s->gate_temp, logits, ximg, c->rt_stamps, *nm);
-    if (nm) {
+    const bool in_router = nm && router_norms(s);
+    if (nm && !in_router) {
         const cudaError_t rc = launch_norm(c, nm->h, nm->y, nm->h_out, nm->w, nm->eps, nm->x);
         if (rc != cudaSuccess) return rc;
     }
-    if (s->dim <= 256 * RT_C)
-        return k_launch(k_router_pf<RT_NW, RT_C>, (s->n_expert + RT_NW - 1) / RT_NW, RT_NW * 32,
-                        smem, c->main, USE_PDL, w, x, s->n_expert, s->dim, s->gate_temp, logits,
-                        ximg, c->rt_stamps, k_rnorm{});
+    if (s->dim <= 256 * RT_C) /* router_norms implies it */
+        return k_launch(in_router ? k_router_pf<RT_NW, RT_C, true> : k_router_pf<RT_NW, RT_C>,
+                        (s->n_expert + RT_NW - 1) / RT_NW, RT_NW * 32,
+                        in_router ? router_norm_smem(s) : smem, c->main, USE_PDL, w, x, s->n_expert,
+                        s->dim, s->gate_temp, logits, ximg, c->rt_stamps,
+                        in_router ? *nm : k_rnorm{});
     if (ximg) {
         const cudaError_t rc = launch_quant_img(c, x, ximg, c->main, USE_PDL);
         if (rc != cudaSuccess) return rc;
@@ -1040,17 +1039,28 @@ extern "C" int sl_gpu_select(sl_gpu_ctx *c, const float *logits, const float *bi
     return 0;
 }
 
+/* Where the shared expert's parts live: gate and up both in device memory (gu_dev),
+ * the down there (down_dev). */
+struct sh_place {
+    bool gu_dev, down_dev;
+};
+
+static sh_place shared_place(const sl_moe_expert_w *sh)
+{
+    return {!in_host(sh->gate) && !in_host(sh->up), !in_host(sh->down)};
+}
+
 /* Whether the shared expert rides in the routed launches (K-quant, in device memory,
  * a free table slot, the bulk-copy kernels available) or runs on the side stream. */
-static bool shared_merges(const sl_gpu_ctx *c, const sl_moe_expert_w *sh)
+static bool shared_merges(const sl_gpu_ctx *c, sh_place p)
 {
-    return !c->sh_bf16 && c->shape.n_used < SL_GPU_MAX_USED && c->gt_ok && c->dt_ok &&
-           !in_host(sh->gate) && !in_host(sh->up) && !in_host(sh->down);
+    return !c->sh_bf16 && c->shape.n_used < SL_GPU_MAX_USED && c->gt_ok && c->dt_ok && p.gu_dev &&
+           p.down_dev;
 }
 
 extern "C" int sl_gpu_moe_shared_merges(const sl_gpu_ctx *c, const sl_moe_expert_w *sh)
 {
-    return c && sh && sh->gate && sh->up && sh->down && shared_merges(c, sh);
+    return c && sh && sh->gate && sh->up && sh->down && shared_merges(c, shared_place(sh));
 }
 
 extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_expert_w *sh,
@@ -1071,9 +1081,9 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
     tab.e[0].down = (const uint8_t *)sh->down;
     tab.e[0].w = 1.0f;
     tab.e[0].slot = 0;
-    const bool down_dev = !in_host(sh->down);
-    tab.pk = !c->sh_bf16 && down_dev;
-    if (shared_merges(c, sh)) {
+    const sh_place pl = shared_place(sh);
+    tab.pk = !c->sh_bf16 && pl.down_dev;
+    if (shared_merges(c, pl)) {
         c->sh = tab.e[0];
         c->sh.slot = (int)s->n_used;
         c->sh_x = x;
@@ -1091,8 +1101,8 @@ extern "C" int sl_gpu_moe_shared(sl_gpu_ctx *c, const uint16_t *x, const sl_moe_
             (const uint16_t *)sh->down, c->ss.h, s->dim, s->inter, c->y_sh);
         CK_LAUNCH("k_down_bf16");
     } else {
-        const bool gt = c->gt_ok && !in_host(sh->gate) && !in_host(sh->up);
-        const bool dt = c->dt_ok && down_dev;
+        const bool gt = c->gt_ok && pl.gu_dev;
+        const bool dt = c->dt_ok && pl.down_dev;
         bool wrote_qh;
         CK(launch_gateup(c, tab, x, c->ss, c->side, gt, false, &wrote_qh), "gate/up (shared)");
         CK(launch_quant_h(c, c->ss, 1, wrote_qh ? 0u : ~0u, c->side, false), "k_quant_h (shared)");
