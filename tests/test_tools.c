@@ -27,9 +27,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
+    sl_test_rm_rf(dir);
 }
 
 TestSuite(tools, .init = setup, .fini = teardown, .timeout = 60);
