@@ -7,7 +7,9 @@
 # (../shared/device/README.md's recipe: BUILD_DIR/devlibs).
 # usage: bench/run-box.sh BUILD_DIR OUT_DIR [tests] [moe] [e2e] [fetch] [ktrace]
 #        (default: the first four)
-# SKIP_COLD=1 leaves the e2e's cold runs out; PIN=A,B as run-fetch.sh; ROUTING as run-ktrace.sh.
+# SKIP_COLD=1 leaves the e2e's cold runs out; PIN=A,B as run-fetch.sh; ROUTING as run-ktrace.sh;
+# KTRACE_FLAGS: the flag sets the kernel trace compares with the build as it is
+# (default --norm-kernel; one word a set).
 set -u
 build=$1
 out=$2
@@ -28,7 +30,8 @@ for part in $parts; do
     moe) timeout 180 "$build/bin/bench-moe" -o "$out/moe.md" >"$out/moe.log" 2>&1 || rc=1 ;;
     e2e) timeout 420 sh bench/run-moe-e2e.sh "$build" /tmp/sluice-bench-L4 32 64 >"$out/e2e.txt" 2>&1 || rc=1 ;;
     fetch) timeout 300 sh bench/run-fetch.sh "$build" "$out/fetch.md" >"$out/fetch.log" 2>&1 || rc=1 ;;
-    ktrace) timeout 300 sh bench/run-ktrace.sh "$build" "$out" -- --norm-kernel >"$out/ktrace.log" 2>&1 || rc=1 ;;
+    ktrace) # shellcheck disable=SC2086 # one word a flag set
+        timeout 300 sh bench/run-ktrace.sh "$build" "$out" -- ${KTRACE_FLAGS:---norm-kernel} >"$out/ktrace.log" 2>&1 || rc=1 ;;
     *)
         echo "run-box.sh: unknown part '$part' (tests, moe, e2e, fetch, ktrace)" >&2
         exit 2

@@ -1,5 +1,6 @@
 #!/bin/sh
-# run-fetch.sh - bench/fetch on a bench-L4 checkpoint generated where it runs.
+# run-fetch.sh - bench/fetch on a bench-L4 checkpoint generated where it runs, then
+# bench/socket (the transport's floor) into the same table file.
 # usage: [PIN=A,B] bench/run-fetch.sh BUILD_DIR OUT_FILE [CHECKPOINT_DIR]
 # PIN: the CPUs of the pinned hit round trips (fetcher, client), default 2,4.
 set -eu
@@ -13,3 +14,11 @@ fi
 first=$(ls "$dir"/sluice-bench-L4-00001-of-*.gguf)
 "$build/bin/sluice-gguf" verify "$first"
 "$build/bin/bench-fetch" -m "$first" --readers 16 --samples 20000 --pin "${PIN:-2,4}" --out "$out"
+# The transport's own floor in the same run: ZeroMQ (and AF_UNIX) round trips between two
+# bare processes, pinned as the fetcher and the client were.
+{
+    echo
+    echo "The floor under the hit round trip, two bare processes (bench/socket.c):"
+    echo
+    "$build/bin/bench-socket" --pin "${PIN:-2,4}"
+} | tee -a "$out"

@@ -2,8 +2,9 @@
 # run-ktrace.sh - the layer's chain in sluice-compute on the GPU's clock: the kernel trace
 # (bench/cupti/ktrace.c injected) of an all-in-T0 run of bench-L4 (routing $ROUTING,
 # uniform by default), read by bench-ktrace, for compute/ as built and for each extra
-# flag set given (e.g. --norm-kernel), every run twice in turn; each table into
-# OUT_DIR/ktrace.md, the CSVs beside it. Needs BUILD_DIR/lib/libsl_ktrace.so (built when
+# flag set given (e.g. --norm-kernel), every run twice in turn; each table and the run's
+# tokens/s into OUT_DIR/ktrace.md, the CSVs and logs into OUT_DIR/ktrace-runs.tar.gz (a
+# device call brings few files back). Needs BUILD_DIR/lib/libsl_ktrace.so (built when
 # CUDA's CUPTI is found).
 # usage: [ROUTING=uniform|zipf:S] bench/run-ktrace.sh BUILD_DIR OUT_DIR [CHECKPOINT_DIR] [-- FLAGS...]
 set -eu
@@ -44,7 +45,10 @@ for round in 1 2; do
             echo
             "$build/bin/bench-ktrace" "$csv" --period k_down_pt_q3_k
             echo
+            grep -i "tokens/s" "$out/ktrace-$i-$round.log" || true
+            echo
         } >>"$md"
     done
 done
+(cd "$out" && tar czf ktrace-runs.tar.gz ktrace-*-*.csv ktrace-*-*.log && rm -f ktrace-*-*.csv ktrace-*-*.log)
 cat "$md"

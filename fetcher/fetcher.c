@@ -998,73 +998,95 @@ static void check_clients(sl_fetcher *f, uint64_t now)
     }
 }
 
+/* Answers the completions the readers queued; returns how many. */
+static int drain_done(sl_fetcher *f)
+{
+    sl_read_done d;
+    int n = 0;
+    for (;;) {
+        int got = zmq_recv(f->done, &d, sizeof d, ZMQ_DONTWAIT);
+        if (got < 0) return n;
+        SL_ASSERT(got == (int)sizeof d);
+        handle_done(f, &d);
+        n++;
+    }
+}
+
+/* Serves up to 256 of the messages queued on the ROUTER socket; returns how many. */
+static int serve_router(sl_fetcher *f)
+{
+    uint8_t id[IDENTITY_MAX];
+    int budget = 0;
+    for (; budget < 256; budget++) {
+        int idn = zmq_recv(f->router, id, sizeof id, ZMQ_DONTWAIT);
+        if (idn < 0) break;
+        int more = 0;
+        size_t ml = sizeof more;
+        zmq_getsockopt(f->router, ZMQ_RCVMORE, &more, &ml);
+        if (!more) continue; /* an identity without a body: nothing to answer */
+        int len = zmq_recv(f->router, f->frame, sizeof f->frame, 0);
+        /* Drain any further parts: one message is one frame. */
+        int extra = 0;
+        for (;;) {
+            zmq_getsockopt(f->router, ZMQ_RCVMORE, &more, &ml);
+            if (!more) break;
+            char sink[64];
+            zmq_recv(f->router, sink, sizeof sink, 0);
+            extra = 1;
+        }
+        if (len < 0) continue;
+        if (extra || (size_t)len > sizeof f->frame) {
+            f->c.bad_frames++;
+            send_error(f, id, (size_t)idn, 0, SL_PROTO_ERR_BAD_MESSAGE,
+                       extra ? "a message is one frame" : "frame too large");
+            continue;
+        }
+        uint8_t copy[SL_PROTO_FRAME_MAX];
+        memcpy(copy, f->frame, (size_t)len);
+        handle_frame(f, id, (size_t)idn, copy, (size_t)len);
+    }
+    return budget;
+}
+
 int sl_fetcher_run(sl_fetcher *f, volatile sig_atomic_t *stop, volatile sig_atomic_t *report,
                    sl_err *err)
 {
-    uint8_t id[IDENTITY_MAX];
-    sl_read_done d;
     uint64_t last_activity = 0;
     while (!*stop) {
-        zmq_pollitem_t items[2] = {{f->router, 0, ZMQ_POLLIN, 0}, {f->done, 0, ZMQ_POLLIN, 0}};
-        /* Right after traffic, poll without sleeping for a moment: a request usually
-         * follows another, and waking from a blocking poll costs more than the
-         * round trip itself. */
-        long wait_ms = sl_now_ns() - last_activity < SL_FETCHER_SPIN_NS ? 0 : SL_PROTO_HEARTBEAT_MS;
-        int n = zmq_poll(items, 2, wait_ms);
+        /* Right after traffic, spin on non-blocking receives for a moment: a request
+         * usually follows another, and waking from a blocking poll costs more than the
+         * round trip itself (so does a zmq_poll that does not block: a system call more
+         * a turn than a receive; bench-socket). Otherwise block in zmq_poll up to a
+         * heartbeat. */
+        const int spin = sl_now_ns() - last_activity < SL_FETCHER_SPIN_NS;
+        /* spinning, the readers' socket is tried only while reads are out (each try
+         * of an empty socket is a system call) */
+        int done_in = f->n_filling > 0, router_in = 1;
+        if (!spin) {
+            zmq_pollitem_t items[2] = {{f->router, 0, ZMQ_POLLIN, 0}, {f->done, 0, ZMQ_POLLIN, 0}};
+            int n = zmq_poll(items, 2, SL_PROTO_HEARTBEAT_MS);
+            if (n < 0) {
+                if (zmq_errno() == EINTR) continue;
+                return sl_err_set(err, SL_EIO, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+            }
+            router_in = items[0].revents & ZMQ_POLLIN;
+            done_in = items[1].revents & ZMQ_POLLIN;
+        }
+        /* Completions first: they free slots and answer waiting requests. */
+        int handled = done_in ? drain_done(f) : 0;
+        if (router_in) handled += serve_router(f);
         uint64_t now = sl_now_ns();
-        if (n > 0) last_activity = now;
-        /* Spinning: a thread sharing this CPU (ZeroMQ's I/O thread under --cpu) runs
-         * now rather than when our time slice ends. */
-        if (n == 0 && wait_ms == 0) sched_yield();
+        if (handled)
+            last_activity = now;
+        else if (spin) /* a thread sharing this CPU (ZeroMQ's I/O thread under --cpu)
+                        * runs now rather than when our time slice ends */
+            sched_yield();
         atomic_store(&f->arena->hdr->heartbeat_ns, now);
         if (report && *report) {
             *report = 0;
             sl_fetcher_print_stats(f, stderr);
         }
-        if (n < 0) {
-            if (zmq_errno() == EINTR) continue;
-            return sl_err_set(err, SL_EIO, "zmq_poll: %s", zmq_strerror(zmq_errno()));
-        }
-        /* Completions first: they free slots and answer waiting requests. */
-        if (items[1].revents & ZMQ_POLLIN) {
-            for (;;) {
-                int got = zmq_recv(f->done, &d, sizeof d, ZMQ_DONTWAIT);
-                if (got < 0) break;
-                SL_ASSERT(got == (int)sizeof d);
-                handle_done(f, &d);
-            }
-        }
-        if (items[0].revents & ZMQ_POLLIN) {
-            for (int budget = 0; budget < 256; budget++) {
-                int idn = zmq_recv(f->router, id, sizeof id, ZMQ_DONTWAIT);
-                if (idn < 0) break;
-                int more = 0;
-                size_t ml = sizeof more;
-                zmq_getsockopt(f->router, ZMQ_RCVMORE, &more, &ml);
-                if (!more) continue; /* an identity without a body: nothing to answer */
-                int len = zmq_recv(f->router, f->frame, sizeof f->frame, 0);
-                /* Drain any further parts: one message is one frame. */
-                int extra = 0;
-                for (;;) {
-                    zmq_getsockopt(f->router, ZMQ_RCVMORE, &more, &ml);
-                    if (!more) break;
-                    char sink[64];
-                    zmq_recv(f->router, sink, sizeof sink, 0);
-                    extra = 1;
-                }
-                if (len < 0) continue;
-                if (extra || (size_t)len > sizeof f->frame) {
-                    f->c.bad_frames++;
-                    send_error(f, id, (size_t)idn, 0, SL_PROTO_ERR_BAD_MESSAGE,
-                               extra ? "a message is one frame" : "frame too large");
-                    continue;
-                }
-                uint8_t copy[SL_PROTO_FRAME_MAX];
-                memcpy(copy, f->frame, (size_t)len);
-                handle_frame(f, id, (size_t)idn, copy, (size_t)len);
-            }
-        }
-        check_clients(f, sl_now_ns());
+        check_clients(f, now);
     }
     return 0;
 }

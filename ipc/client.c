@@ -96,6 +96,27 @@ static int send_ping(sl_fetch_client *c)
     return send_msg(c, &m, NULL);
 }
 
+/* One frame into c->frame: its length, or -1 when none came. spin: one non-blocking
+ * receive (a zmq_poll that does not block costs a system call more; bench-socket),
+ * then sched_yield, so that a thread sharing this CPU (ZeroMQ's I/O thread when pinned
+ * with --cpu) runs at once instead of at the end of our time slice; otherwise a
+ * zmq_poll of up to wait_ms first. *fail: set on a socket error (the message in err). */
+static int recv_frame(sl_fetch_client *c, int spin, long wait_ms, int *fail, sl_err *err)
+{
+    if (!spin) {
+        zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
+        int n = zmq_poll(&it, 1, wait_ms);
+        if (n < 0 && zmq_errno() != EINTR) {
+            *fail = 1;
+            sl_err_set(err, SL_EIO, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+        }
+        if (n <= 0) return -1;
+    }
+    int len = zmq_recv(c->sock, c->frame, sizeof c->frame, ZMQ_DONTWAIT);
+    if (len < 0 && spin) sched_yield();
+    return len;
+}
+
 /* Receives one message within timeout_ms, sending heartbeats meanwhile. Returns 0,
  * SL_ENOTFOUND on timeout, SL_EPEER when the fetcher is silent past its liveness. */
 static int recv_any(sl_fetch_client *c, sl_proto_msg *out, uint32_t timeout_ms, sl_err *err)
@@ -115,20 +136,12 @@ static int recv_any(sl_fetch_client *c, sl_proto_msg *out, uint32_t timeout_ms, 
         if (now >= deadline)
             return sl_err_set(err, SL_ENOTFOUND, "no answer within %u ms", timeout_ms);
         uint64_t wait = deadline - now < hb ? deadline - now : hb;
-        zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
         /* Spin briefly first: an answer of the fetcher usually comes within tens of
          * microseconds, less than a sleep and wake-up cost. */
-        long wait_ms = now - entered < SL_CLIENT_SPIN_NS ? 0 : (long)(wait / 1000000ull) + 1;
-        int n = zmq_poll(&it, 1, wait_ms);
-        if (n < 0) {
-            if (zmq_errno() == EINTR) continue;
-            return sl_err_set(err, SL_EIO, "zmq_poll: %s", zmq_strerror(zmq_errno()));
-        }
-        /* While spinning, let a thread that shares this CPU (ZeroMQ's I/O thread when
-         * pinned with --cpu) run at once instead of at the end of our time slice. */
-        if (n == 0 && wait_ms == 0) sched_yield();
-        if (n == 0) continue;
-        int len = zmq_recv(c->sock, c->frame, sizeof c->frame, ZMQ_DONTWAIT);
+        int fail = 0;
+        int len = recv_frame(c, now - entered < SL_CLIENT_SPIN_NS, (long)(wait / 1000000ull) + 1,
+                             &fail, err);
+        if (fail) return SL_EIO;
         if (len < 0) continue;
         c->last_rx_ns = sl_now_ns();
         sl_err de = {0};
@@ -498,13 +511,9 @@ int sl_fetch_client_ping(sl_fetch_client *c, uint64_t *rtt_ns, uint32_t timeout_
     if (rc) return rc;
     uint64_t deadline = m.ping.sent_ns + (uint64_t)timeout_ms * 1000000ull;
     while (sl_now_ns() < deadline) {
-        int n;
-        zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
-        int spin = sl_now_ns() - m.ping.sent_ns < SL_CLIENT_SPIN_NS;
-        n = zmq_poll(&it, 1, spin ? 0 : 10);
-        if (n == 0 && spin) sched_yield();
-        if (n <= 0) continue;
-        int len = zmq_recv(c->sock, c->frame, sizeof c->frame, ZMQ_DONTWAIT);
+        int fail = 0;
+        int len = recv_frame(c, sl_now_ns() - m.ping.sent_ns < SL_CLIENT_SPIN_NS, 10, &fail, err);
+        if (fail) return SL_EIO;
         if (len < 0) continue;
         c->last_rx_ns = sl_now_ns();
         sl_proto_msg r;
