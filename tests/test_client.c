@@ -11,6 +11,7 @@
 
 #include "client.h"
 #include "proto.h"
+#include "run_cmd.h"
 
 static char dir[64];
 
@@ -22,9 +23,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
+    sl_test_rm_rf(dir);
 }
 
 TestSuite(client, .init = setup, .fini = teardown, .timeout = 30);

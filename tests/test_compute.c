@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "synth.h"
+#include "run_cmd.h"
 
 #define STEPS "64"
 
@@ -133,9 +134,7 @@ static pid_t start_compute(rig *r, const char *out)
 static void rig_close(rig *r)
 {
     if (r->fetcher) kill_fetcher(r, SIGTERM);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", r->dir);
-    cr_assert_eq(system(cmd), 0);
+    sl_test_rm_rf(r->dir);
 }
 
 /* The last lines of the processes' log, for failure messages. */

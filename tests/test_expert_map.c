@@ -12,6 +12,7 @@
 #include "expert_map.h"
 #include "gguf.h"
 #include "quant.h"
+#include "run_cmd.h"
 
 #define N_LAYER  3
 #define N_EXPERT 5
@@ -28,9 +29,7 @@ static void setup_dir(void)
 
 static void teardown_dir(void)
 {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
+    sl_test_rm_rf(dir);
 }
 
 /* Writer tensor index -> (layer, part) of the stacks; -1 for filler tensors. */

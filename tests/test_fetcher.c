@@ -31,6 +31,7 @@
 #include "proto.h"
 #include "synth.h"
 #include "trace.h"
+#include "run_cmd.h"
 
 typedef struct rig {
     char dir[64];
@@ -127,9 +128,7 @@ static void rig_free(rig *r)
     stop_fetcher(r);
     sl_expert_map_free(&r->map);
     sl_gguf_close(&r->g);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", r->dir);
-    cr_assert_eq(system(cmd), 0);
+    sl_test_rm_rf(r->dir);
 }
 
 static sl_fetch_client *connect_client(rig *r)
