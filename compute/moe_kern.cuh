@@ -2190,12 +2190,15 @@ __global__ void __launch_bounds__(1024)
         const int tot = n + with_sh;
         /* a pick's lane its entry (by rank among the started), lane k the shared expert's */
         const int i = st ? __popc(started & ((1u << r) - 1)) : (r == k && with_sh ? n : -1);
-        if (i >= 0) {
-            const sl_kexp &x = st ? ke : sh; /* the shared expert rides along (slot k) */
-            k_st_relaxed64(ttab->w + 1 + 3 * i, (unsigned long long)x.gate | tag);
-            k_st_relaxed64(ttab->w + 2 + 3 * i, (unsigned long long)x.up | tag);
-            k_st_relaxed64(ttab->w + 3 + 3 * i, (unsigned long long)__float_as_uint(x.w) << 32 |
-                                                    (unsigned long long)x.slot << 4 | tag);
+        if (i >= 0) { /* the shared expert rides along (slot k); its fields are picked
+                       * one by one (a reference to ke or sh put both in local memory) */
+            const uint8_t *g = st ? ke.gate : sh.gate, *u = st ? ke.up : sh.up;
+            const float xw = st ? ke.w : sh.w;
+            const int xs = st ? ke.slot : sh.slot;
+            k_st_relaxed64(ttab->w + 1 + 3 * i, (unsigned long long)g | tag);
+            k_st_relaxed64(ttab->w + 2 + 3 * i, (unsigned long long)u | tag);
+            k_st_relaxed64(ttab->w + 3 + 3 * i, (unsigned long long)__float_as_uint(xw) << 32 |
+                                                    (unsigned long long)xs << 4 | tag);
         }
         if ((int)lane >= tot && lane < SL_GPU_MAX_USED) /* entries past n: the tag alone */
             for (int j = 1; j <= 3; j++) k_st_relaxed64(ttab->w + 3 * lane + j, tag);
