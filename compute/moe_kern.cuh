@@ -584,6 +584,10 @@ __device__ __forceinline__ void k_dot4_q2_k(const uint8_t *row, const int8_t *aq
         for (int i = 0; i < 8; i++) w[i] = qw[i];
         const uint32_t scw[2] = {((const uint32_t *)(blk + 8 * j))[0],
                                  ((const uint32_t *)(blk + 8 * j))[1]};
+        /* the groups' 4-bit scales and mins, a byte each (group 2s + h: byte 2 (s & 1) + h
+         * of word s >> 1) */
+        const uint32_t scl[2] = {scw[0] & 0x0f0f0f0fu, scw[1] & 0x0f0f0f0fu};
+        const uint32_t mnl[2] = {scw[0] >> 4 & 0x0f0f0f0fu, scw[1] >> 4 & 0x0f0f0f0fu};
         const uint32_t dd = *(const uint32_t *)(blk + 80);
         const float d = __half2float(__ushort_as_half((unsigned short)(dd & 0xffffu)));
         const float dmin = __half2float(__ushort_as_half((unsigned short)(dd >> 16)));
@@ -608,10 +612,14 @@ __device__ __forceinline__ void k_dot4_q2_k(const uint8_t *row, const int8_t *aq
             c1 = k_dp4a_us(w[7] & mk, a1.w, c1);
             c0 >>= 2 * s;
             c1 >>= 2 * s;
-            const uint32_t sc = scw[s >> 1] >> (16 * (s & 1));
-            const int isum = (int)(sc & 15) * c0 + (int)((sc >> 8) & 15) * c1;
+            /* sc0 c0 + sc1 c1 and m0 s0 + m1 s1 as two-way dot products of 16-bit halves
+             * with bytes (|c| <= 16 * 3 * 127, |s| <= 16 * 127: both fit; exact) */
+            const int cc = (int)__byte_perm((unsigned)c0, (unsigned)c1, 0x5410);
+            const int ss = (int)__byte_perm((unsigned)s16[2 * s], (unsigned)s16[2 * s + 1], 0x5410);
+            const int isum =
+                s & 1 ? __dp2a_hi(cc, (int)scl[s >> 1], 0) : __dp2a_lo(cc, (int)scl[s >> 1], 0);
             const int imin =
-                (int)((sc >> 4) & 15) * s16[2 * s] + (int)((sc >> 12) & 15) * s16[2 * s + 1];
+                s & 1 ? __dp2a_hi(ss, (int)mnl[s >> 1], 0) : __dp2a_lo(ss, (int)mnl[s >> 1], 0);
             /* sl_emu_q2_k_step with the exact fast conversion */
             const float p = sl_emu_mul(d, k_i2f(isum));
             const float v = sl_emu_fma(-dmin, k_i2f(imin), p);
