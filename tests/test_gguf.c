@@ -7,6 +7,7 @@
  */
 #include "gguf.h"
 #include "quant.h"
+#include "test_file.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -84,27 +85,6 @@ static void write_or_die(sl_gguf_writer *w, const char *path)
     cr_assert_eq(rc, 0, "write %s: %s", path, err.msg);
 }
 
-static unsigned char *slurp(const char *path, uint64_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "open %s", path);
-    fseek(f, 0, SEEK_END);
-    *n = (uint64_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc(*n + 1);
-    cr_assert(fread(b, 1, *n, f) == *n);
-    fclose(f);
-    return b;
-}
-
-static void spit(const char *path, const void *b, uint64_t n)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    cr_assert(fwrite(b, 1, n, f) == n);
-    fclose(f);
-}
-
 static uint64_t find(const unsigned char *b, uint64_t n, const char *s)
 {
     size_t k = strlen(s);
@@ -173,7 +153,7 @@ static unsigned char *base_file(uint64_t *n)
     const char *p = path_of("base.gguf");
     write_or_die(w, p);
     sl_gguf_writer_free(&w);
-    unsigned char *b = slurp(p, n);
+    unsigned char *b = sl_test_slurp(p, n);
     unlink(p);
     return b;
 }
@@ -193,7 +173,7 @@ static uint64_t tinfo(const unsigned char *b, uint64_t n, const char *name)
         (void)n;                                                                                   \
         __VA_ARGS__;                                                                               \
         const char *p_ = path_of(fname);                                                           \
-        spit(p_, b, n);                                                                            \
+        sl_test_write(p_, b, n);                                                                   \
         expect_fail(p_, code, phrase);                                                             \
         free(b);                                                                                   \
     } while (0)
@@ -203,7 +183,7 @@ Test(gguf, base_file_is_valid)
     uint64_t n;
     unsigned char *b = base_file(&n);
     const char *p = path_of("base-ok.gguf");
-    spit(p, b, n);
+    sl_test_write(p, b, n);
     sl_gguf *g = open_ok(p);
     cr_assert_eq(g->n_tensors, 3);
     cr_assert_eq(g->shards[0].n_kv, 5);
@@ -234,10 +214,10 @@ Test(gguf, unsupported_versions)
 Test(gguf, empty_and_tiny_files)
 {
     const char *p = path_of("empty.gguf");
-    spit(p, "", 0);
+    sl_test_write(p, "", 0);
     expect_fail(p, SL_EFORMAT, "truncated");
     p = path_of("three.gguf");
-    spit(p, "GGU", 3);
+    sl_test_write(p, "GGU", 3);
     expect_fail(p, SL_EFORMAT, "truncated");
 }
 
@@ -248,7 +228,7 @@ Test(gguf, truncation_anywhere)
     unsigned char *b = base_file(&n);
     const char *p = path_of("cut.gguf");
     /* the header ends where the data of the first tensor starts */
-    spit(p, b, n);
+    sl_test_write(p, b, n);
     sl_gguf *g = open_ok(p);
     uint64_t data = g->shards[0].data_offset, hb = g->shards[0].header_bytes, end = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++)
@@ -257,7 +237,7 @@ Test(gguf, truncation_anywhere)
     sl_gguf_close(&g);
     cr_assert_lt(end, n, "the base file ends with padding");
     /* the padding after the last tensor is not needed */
-    spit(p, b, end);
+    sl_test_write(p, b, end);
     g = open_ok(p);
     sl_gguf_close(&g);
     /* A memfd: rewriting one file 300 times on ext4 flushes it each time. */
@@ -278,7 +258,7 @@ Test(gguf, truncation_anywhere)
     }
     close(fd);
     /* A cut in the padding after the header leaves the tensors past the end. */
-    spit(p, b, hb);
+    sl_test_write(p, b, hb);
     expect_fail(p, SL_EFORMAT, "past the end of the file");
     free(b);
 }
@@ -424,12 +404,12 @@ Test(gguf, bad_alignment_key)
         write_or_die(w, p);
         sl_gguf_writer_free(&w);
         uint64_t n;
-        unsigned char *b = slurp(p, &n);
+        unsigned char *b = sl_test_slurp(p, &n);
         uint64_t at = find(b, n, "general.alignment") + 17;
         if (c == 0) put_u32(b, at, SL_GGUF_TYPE_INT32);
         if (c == 1) put_u32(b, at + 4, 48);
         if (c == 2) put_u32(b, at + 4, 0);
-        spit(p, b, n);
+        sl_test_write(p, b, n);
         expect_fail(p, SL_EFORMAT,
                     c == 0 ? "general.alignment is i32, must be u32"
                            : "not a nonzero power of two");
@@ -445,7 +425,7 @@ Test(gguf, header_size_limit)
     unsigned char *b = base_file(&n);
     put_u64(b, find(b, n, "test") - 8, SL_GGUF_MAX_HEADER_BYTES + 100);
     const char *p = path_of("huge.gguf");
-    spit(p, b, n);
+    sl_test_write(p, b, n);
     cr_assert_eq(truncate(p, (off_t)(2 * SL_GGUF_MAX_HEADER_BYTES)), 0);
     expect_fail(p, SL_EFORMAT, "larger than 64 MiB");
     free(b);
@@ -787,9 +767,9 @@ Test(gguf, split_round_trip_3_shards)
     char p2[PATH_MAX];
     sl_gguf_split_path(p2, sizeof p2, pre, 2, 3);
     uint64_t n;
-    unsigned char *b = slurp(p2, &n);
+    unsigned char *b = sl_test_slurp(p2, &n);
     b[find(b, n, "blk.8.w")] = 'B';
-    spit(p2, b, n);
+    sl_test_write(p2, b, n);
     free(b);
     sl_gguf *g = open_ok(p2);
     cr_assert_neq(g->fingerprint, fp);
@@ -902,13 +882,13 @@ Test(gguf, split_keys_in_a_plain_name)
 Test(gguf, bad_split_names)
 {
     const char *p = path_of("x-00004-of-00003.gguf");
-    spit(p, "GGUF", 4);
+    sl_test_write(p, "GGUF", 4);
     expect_fail(p, SL_EINVAL, "not a valid shard");
     p = path_of("x-00000-of-00003.gguf");
-    spit(p, "GGUF", 4);
+    sl_test_write(p, "GGUF", 4);
     expect_fail(p, SL_EINVAL, "not a valid shard");
     p = path_of("x-00001-of-10000.gguf");
-    spit(p, "GGUF", 4);
+    sl_test_write(p, "GGUF", 4);
     expect_fail(p, SL_EUNSUPPORTED, "more than 9999");
     char buf[24];
     cr_assert_eq(sl_gguf_split_path(buf, sizeof buf, "long-prefix", 0, 2), SL_EINVAL);

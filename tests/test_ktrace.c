@@ -8,16 +8,9 @@
 #include <unistd.h>
 
 #include "run_cmd.h"
+#include "test_file.h"
 
 static char dir[64], csv[128];
-
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f);
-    cr_assert_eq(fputs(text, f) >= 0, 1);
-    cr_assert_eq(fclose(f), 0);
-}
 
 /* Two kernels a "layer", three layers, in shuffled order; a device-tier fill and a
  * copy between them. Ends after the end before (start order): beta 2.0, alpha 2.0,
@@ -36,7 +29,7 @@ static void setup(void)
     strcpy(dir, "/tmp/sl-ktrace-XXXXXX");
     cr_assert_not_null(mkdtemp(dir));
     snprintf(csv, sizeof csv, "%s/k.csv", dir);
-    write_file(csv, trace);
+    sl_test_write_text(csv, trace);
 }
 
 static void teardown(void)
@@ -81,14 +74,14 @@ Test(ktrace, bad_input_gets_one_clear_line)
     cr_assert_eq(sl_test_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "No such file"), "%s", out);
     snprintf(bad, sizeof bad, "%s/bad.csv", dir);
-    write_file(bad, "kernel,0,1000,7,1,32,_Z6k_betav\nkernel,x,2000,7,1,32,_Z6k_betav\n");
+    sl_test_write_text(bad, "kernel,0,1000,7,1,32,_Z6k_betav\nkernel,x,2000,7,1,32,_Z6k_betav\n");
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/bench-ktrace %s", bad);
     cr_assert_eq(sl_test_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "line 2: bad start"), "%s", out);
-    write_file(bad, "kernel,0,1000,7,1,32,_Z6k_betav\nhello\n");
+    sl_test_write_text(bad, "kernel,0,1000,7,1,32,_Z6k_betav\nhello\n");
     cr_assert_eq(sl_test_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "line 2 is not a ktrace record"), "%s", out);
-    write_file(bad, "kernel,0,1000,7,1,32,_Z6k_betav\n");
+    sl_test_write_text(bad, "kernel,0,1000,7,1,32,_Z6k_betav\n");
     cr_assert_eq(sl_test_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "1 kernel records, 2 at least"), "%s", out);
     snprintf(cmd, sizeof cmd, SL_BIN_DIR "/bench-ktrace %s --from 1.5", csv);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "run_cmd.h"
+#include "test_file.h"
 
 /* The rows of a bench-socket table in out: checks each and returns how many. */
 static int check_rows(const char *out)
@@ -38,14 +39,11 @@ Test(socket, measures_every_transport_and_writes_the_same_table)
     cr_assert_eq(sl_test_run(cmd, out, sizeof out), 0, "%s", out);
     cr_expect_eq(check_rows(out), 4, "%s", out);
     cr_expect(strstr(out, "command: `bench-socket --samples 200`"), "%s", out);
-    char path[300], file[8192];
+    char path[300];
     snprintf(path, sizeof path, "%s/t.md", dir);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f);
-    size_t n = fread(file, 1, sizeof file - 1, f);
-    file[n] = '\0';
-    fclose(f);
+    char *file = sl_test_slurp(path, NULL);
     cr_expect(strstr(out, file) == out, "the file is the table printed:\n%s", file);
+    free(file);
     sl_test_rm_rf(dir);
 }
 

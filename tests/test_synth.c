@@ -22,6 +22,7 @@
 #include "gguf.h"
 #include "quant.h"
 #include "synth.h"
+#include "test_file.h"
 
 /* ---- helpers ---- */
 
@@ -85,20 +86,6 @@ static uint8_t *read_tensor(const sl_gguf *g, const sl_gguf_tensor *t)
     cr_assert(b);
     ssize_t n = pread(g->shards[t->shard].fd, b, t->n_bytes, (off_t)t->offset);
     cr_assert_eq((uint64_t)n, t->n_bytes, "pread %s", t->name.s);
-    return b;
-}
-
-static uint8_t *read_file(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "fopen %s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)len + 1);
-    cr_assert(b && fread(b, 1, (size_t)len, f) == (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
     return b;
 }
 
@@ -587,7 +574,7 @@ Test(synth, determinism_and_seed)
     snprintf(pb, sizeof pb, "%s/sluice-tiny-00001-of-00001.gguf", b);
     snprintf(pc, sizeof pc, "%s/sluice-tiny-00001-of-00001.gguf", c);
     size_t na, nb, nc;
-    uint8_t *x = read_file(pa, &na), *y = read_file(pb, &nb), *z = read_file(pc, &nc);
+    uint8_t *x = sl_test_slurp(pa, &na), *y = sl_test_slurp(pb, &nb), *z = sl_test_slurp(pc, &nc);
     cr_expect(na == nb && !memcmp(x, y, na), "same seed, same bytes");
     cr_expect(na != nc || memcmp(x, z, na), "another seed, other bytes");
     free(x), free(y), free(z);

@@ -6,20 +6,7 @@
 #include <unistd.h>
 
 #include "trace.h"
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = '\0';
-    fclose(f);
-    return s;
-}
+#include "test_file.h"
 
 static int count(const char *s, const char *needle)
 {
@@ -44,7 +31,7 @@ Test(trace, writes_chrome_json_and_keeps_the_newest)
     cr_assert_geq(fd, 0);
     close(fd);
     cr_assert_eq(sl_trace_write_json(t, path, &err), 0, "%s", err.msg);
-    char *s = slurp(path);
+    char *s = sl_test_slurp(path, NULL);
     cr_assert(strncmp(s, "{\"displayTimeUnit\"", 18) == 0);
     cr_assert_eq(count(s, "\"ph\":\"X\""), 4);
     cr_assert_eq(count(s, "\"old\""), 0, "the two oldest spans were overwritten");
@@ -84,7 +71,7 @@ Test(trace, named_tracks_carry_their_spans)
     cr_assert_geq(fd, 0);
     close(fd);
     cr_assert_eq(sl_trace_write_json(t, path, &err), 0, "%s", err.msg);
-    char *j = slurp(path);
+    char *j = sl_test_slurp(path, NULL);
     char want[128];
     snprintf(want, sizeof want,
              "\"name\":\"thread_name\",\"pid\":%u,\"tid\":%u,\"args\":{\"name\":\"GPU\"}",
