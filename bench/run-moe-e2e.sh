@@ -13,6 +13,7 @@
 #
 # usage: bench/run-moe-e2e.sh BUILD_DIR [CHECKPOINT_DIR] [STEPS] [WARMUP] [CPUS]
 # CPUS "A,B" pins the fetcher's and the compute process's serving threads (--cpu).
+# COMPUTE_FLAGS: more flags for every sluice-compute run (e.g. --norm-kernel, to compare).
 # SKIP_COLD=1 leaves out (c) (the disk reads take most of the run). STEADY (default 400):
 # the warm-up steps of (b'), (b) in the steady state under each T0 admission.
 set -eu
@@ -55,7 +56,8 @@ run() {
     shift
     # shellcheck disable=SC2086
     "$build/bin/sluice-compute" -m "$first" --endpoint "$ep" -n "$steps" --seed 7 --backend gpu \
-        $ceilings $cpin "$@" 2>&1 | grep -v '^  \(experts  \|T1 host\|GPU  \|T0 dev\|GPU left\)' |
+        $ceilings $cpin ${COMPUTE_FLAGS:-} "$@" 2>&1 |
+        grep -v '^  \(experts  \|T1 host\|GPU  \|T0 dev\|GPU left\)' |
         grep -v 'memory plan:\|layers, dim'
 }
 # Each cold start gets its own ceilings, measured just before it, and the warm runs one
