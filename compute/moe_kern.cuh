@@ -1907,24 +1907,46 @@ struct k_rnorm {
     float eps;
 };
 
-/* sl_emu_residual_norm (w not NULL) in one CTA of 128 threads, into xf (f32, shared)
- * and, for its rows, into nm.h_out and nm.x: thread t holds the emulation's lanes 2t
- * and 2t + 1 (a bf16 pair a load; h, y and w all loaded at once), adds their squares
- * in increasing i, the 256 lanes' sums meet in ss in the emulation's pairing. */
-__device__ __forceinline__ void k_norm_in_cta(const k_rnorm &nm, uint32_t dim, float *ss, float *xf)
+/* Where value i of x sits in the router's f32 copy in shared memory: the 8 values of
+ * each chunk (a lane's, k_router_pf) as two 4-value halves kept dim / 2 floats apart,
+ * so that the 16-byte loads of 8 lanes in a row are 128 consecutive bytes (no bank
+ * conflict; 32 bytes a lane were two ways). */
+__device__ __forceinline__ uint32_t k_xf_at(uint32_t i, uint32_t dim)
 {
-    constexpr int E = 24; /* rows of 256 values: dim <= 6144 */
+    return (i & 4) * (dim / 8) + (i >> 3) * 4 + (i & 3);
+}
+
+constexpr int K_NORM_E = 24; /* k_norm_in_cta's rows of 256 values: dim <= 6144 */
+
+/* Thread t's norm weights of k_norm_in_cta, loaded before the wait for the kernel
+ * before (weights: only h and y are read after it). */
+__device__ __forceinline__ void k_norm_w(const k_rnorm &nm, uint32_t dim, float2 (&wv)[K_NORM_E])
+{
+#pragma unroll
+    for (int q = 0; q < K_NORM_E; q++)
+        if ((uint32_t)q < dim / SL_EMU_NORM_LANES)
+            wv[q] = ((const float2 *)nm.w)[threadIdx.x + SL_EMU_NORM_LANES / 2 * q];
+}
+
+/* sl_emu_residual_norm (w not NULL) in one CTA of 128 threads, into xf (f32, shared,
+ * at k_xf_at) and, for its rows, into nm.h_out and nm.x: thread t holds the emulation's
+ * lanes 2t and 2t + 1 (a bf16 pair a load; h and y loaded at once, w before, k_norm_w),
+ * adds their squares in increasing i, the 256 lanes' sums meet in the emulation's pairing (s[t] +
+ * s[t + off] for off = 128, 64, ..., 1): the first three rounds by warp 0 from ss, the
+ * rest by its shuffles, so two barriers instead of nine. */
+__device__ __forceinline__ void k_norm_in_cta(const k_rnorm &nm, uint32_t dim, float *ss, float *xf,
+                                              const float2 (&wv)[K_NORM_E])
+{
+    constexpr int E = K_NORM_E;
     constexpr uint32_t NT = SL_EMU_NORM_LANES / 2;
     const uint32_t t = threadIdx.x, ne = dim / SL_EMU_NORM_LANES;
     const uint32_t *h2 = (const uint32_t *)nm.h, *y2 = (const uint32_t *)nm.y;
     uint32_t hv[E], yv[E];
-    float2 wv[E];
 #pragma unroll
     for (int q = 0; q < E; q++)
         if ((uint32_t)q < ne) {
             hv[q] = h2[t + NT * q];
             if (y2) yv[q] = y2[t + NT * q];
-            wv[q] = ((const float2 *)nm.w)[t + NT * q];
         }
     float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
@@ -1942,15 +1964,22 @@ __device__ __forceinline__ void k_norm_in_cta(const k_rnorm &nm, uint32_t dim, f
         a0 = sl_emu_add(a0, sl_emu_mul(v0, v0));
         a1 = sl_emu_add(a1, sl_emu_mul(v1, v1));
     }
+    static_assert(SL_EMU_NORM_LANES == 256, "three rounds from ss, five in a warp");
     ss[2 * t] = a0;
     ss[2 * t + 1] = a1;
     __syncthreads();
-    for (uint32_t off = SL_EMU_NORM_LANES / 2; off; off >>= 1) {
-        if (t < off) ss[t] = sl_emu_add(ss[t], ss[t + off]);
-        __syncthreads();
+    if (t < 32) {
+        float s1[4]; /* round 128 at t, t + 32, t + 64, t + 96 */
+#pragma unroll
+        for (int k = 0; k < 4; k++) s1[k] = sl_emu_add(ss[t + 32 * k], ss[t + 32 * k + 128]);
+        float v = sl_emu_add(sl_emu_add(s1[0], s1[2]), sl_emu_add(s1[1], s1[3])); /* 64, 32 */
+        for (int off = 16; off; off >>= 1) v = sl_emu_add(v, __shfl_down_sync(~0u, v, off));
+        __syncwarp();
+        if (t == 0)
+            ss[0] = sl_emu_div(1.0f, sl_emu_sqrt(sl_emu_add(sl_emu_div(v, (float)dim), nm.eps)));
     }
-    const float r =
-        sl_emu_div(1.0f, sl_emu_sqrt(sl_emu_add(sl_emu_div(ss[0], (float)dim), nm.eps)));
+    __syncthreads();
+    const float r = ss[0];
 #pragma unroll
     for (int q = 0; q < E; q++) {
         if ((uint32_t)q >= ne) break;
@@ -1959,7 +1988,8 @@ __device__ __forceinline__ void k_norm_in_cta(const k_rnorm &nm, uint32_t dim, f
             sl_emu_bf16_bits(sl_emu_mul(wv[q].x, sl_emu_mul(sl_emu_float(hv[q] << 16), r)));
         const uint32_t x1 =
             sl_emu_bf16_bits(sl_emu_mul(wv[q].y, sl_emu_mul(sl_emu_float(hv[q] & 0xffff0000u), r)));
-        *(float2 *)(xf + i) = make_float2(sl_emu_float(x0 << 16), sl_emu_float(x1 << 16));
+        *(float2 *)(xf + k_xf_at(i, dim)) =
+            make_float2(sl_emu_float(x0 << 16), sl_emu_float(x1 << 16));
         if ((uint32_t)q % gridDim.x == blockIdx.x) ((uint32_t *)nm.x)[t + NT * q] = x0 | x1 << 16;
     }
 }
@@ -1994,11 +2024,23 @@ __global__ void __launch_bounds__(NW * 32)
         for (int c = 0; c < C; c++)
             if ((uint32_t)c < nc) v[c] = k_ld_stream(row + lane + 32 * c);
     }
+    float2 wv[K_NORM_E]; /* NORM: the norm weights, loaded before the wait */
+    if (NORM) {
+        k_norm_w(nm, dim, wv);
+        /* L2 asked for the residual stream now, a hint: written a layer ago (and read
+         * past the wait through L2 whatever this fetched), it is usually out of L2 by
+         * now, after a layer's weights went through */
+        if (threadIdx.x == 0) {
+            const uint32_t b = dim * 2, lo = b * blockIdx.x / gridDim.x & ~15u,
+                           hi = b * (blockIdx.x + 1) / gridDim.x & ~15u;
+            if (hi > lo) k_prefetch_l2((const uint8_t *)nm.h + lo, hi - lo);
+        }
+    }
     k_pdl_wait();
     k_pdl_go();
     k_stamp(rec, 1);
     if (NORM) {
-        k_norm_in_cta(nm, dim, xf + dim, xf);
+        k_norm_in_cta(nm, dim, xf + dim, xf, wv);
     } else {
         /* x widened into shared memory, 8 values a 16-byte load, all the loads of a
          * thread issued before the first store (one latency: dim <= 256 C) */
@@ -2020,8 +2062,8 @@ __global__ void __launch_bounds__(NW * 32)
             lo.z = sl_emu_float(u[1] << 16), lo.w = sl_emu_float(u[1] & 0xffff0000u);
             hi.x = sl_emu_float(u[2] << 16), hi.y = sl_emu_float(u[2] & 0xffff0000u);
             hi.z = sl_emu_float(u[3] << 16), hi.w = sl_emu_float(u[3] & 0xffff0000u);
-            *(float4 *)(xf + 8 * i) = lo;
-            *(float4 *)(xf + 8 * i + 4) = hi;
+            *(float4 *)(xf + 4 * i) = lo; /* k_xf_at */
+            *(float4 *)(xf + dim / 2 + 4 * i) = hi;
         }
     }
     __syncthreads();
@@ -2031,7 +2073,7 @@ __global__ void __launch_bounds__(NW * 32)
         float *ad = (float *)(aq + dim + dim / 8);
         int *as = (int *)(ad + dim / 32);
         for (uint32_t b = blockIdx.x * NW + warp; b < dim / 32; b += gridDim.x * NW)
-            k_quant_block<true>(xf[32 * b + lane], b, lane, aq, ad, as);
+            k_quant_block<true>(xf[k_xf_at(32 * b + lane, dim)], b, lane, aq, ad, as);
     }
     if (e >= n_expert) {
         k_stamp(rec, 2);
@@ -2041,7 +2083,9 @@ __global__ void __launch_bounds__(NW * 32)
 #pragma unroll
     for (int c = 0; c < C; c++) {
         if ((uint32_t)c >= nc) break;
-        const float *a = xf + 8 * (lane + 32 * c);
+        const float4 lo = *(const float4 *)(xf + 4 * (lane + 32 * c)),
+                     hi = *(const float4 *)(xf + dim / 2 + 4 * (lane + 32 * c)); /* k_xf_at */
+        const float a[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
         const uint32_t u[4] = {(uint32_t)v[c].x, (uint32_t)v[c].y, (uint32_t)v[c].z,
                                (uint32_t)v[c].w};
 #pragma unroll

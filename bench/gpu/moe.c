@@ -676,14 +676,34 @@ int main(int argc, char **argv)
         if (sl_gpu_malloc(c, &t0d, 384 * sizeof *t0h, &err) ||
             sl_gpu_upload(c, t0d, t0h, 384 * sizeof *t0h, &err))
             DIE("%s", err.msg);
-        static const char *const mode_name[6] = {
+        /* sluice-compute's layer: the residual (h + the last layer's output) and the norm
+         * inside the router's CTAs, x computed there (hn ping-pongs: h_out is not h) */
+        void *hn[2] = {NULL, NULL}, *wn = NULL, *xn = NULL;
+        {
+            uint16_t hb[DIM];
+            float wf[DIM];
+            for (int i = 0; i < DIM; i++) {
+                hb[i] = sl_f32_to_bf16((urand() - 0.5f) * 2.0f);
+                wf[i] = 0.5f + urand();
+            }
+            for (int k = 0; k < 2; k++)
+                if (sl_gpu_malloc(c, &hn[k], DIM * 2, &err) ||
+                    sl_gpu_upload(c, hn[k], hb, DIM * 2, &err))
+                    DIE("%s", err.msg);
+            if (sl_gpu_malloc(c, &wn, DIM * 4, &err) || sl_gpu_upload(c, wn, wf, DIM * 4, &err) ||
+                sl_gpu_malloc(c, &xn, DIM * 2, &err) || sl_gpu_upload(c, out, hb, DIM * 2, &err))
+                DIE("%s", err.msg);
+        }
+        static const char *const mode_name[7] = {
             "host top-6, sl_gpu_moe_routed",
             "host top-6, begin + 2 parts + finish",
             "**device routing**: router + selection + gate/up queued at once, finish",
             "**device routing**, the gate/up waiting for the whole selection",
             "**device routing**, h's q8_1 by k_quant_h after the gate/up (until session 12)",
-            "**device routing**, h's q8_1 by the gate/up, 32 rows a CTA (its two groups)"};
-        for (int mode = 0; mode < 6; mode++) {
+            "**device routing**, h's q8_1 by the gate/up, 32 rows a CTA (its two groups)",
+            "**device routing**, the residual and the norm inside the router (sluice-compute's "
+            "layer; its own x, so other bits)"};
+        for (int mode = 0; mode < 7; mode++) {
             if (o.quick && mode < 2) continue;
             const sl_gpu_probe pr = {.wait_select = mode == 3,
                                      .qh_form = mode == 4   ? 1
@@ -695,7 +715,8 @@ int main(int argc, char **argv)
                 const double tb = now_us();
                 for (int it = -10; it < it_n; it++) {
                     const double t0 = now_us();
-                    if (sl_gpu_moe_shared(c, io.x, &sh, &err)) DIE("%s", err.msg);
+                    const sl_gpu_norm nm = {hn[it & 1], out, hn[(it + 1) & 1], wn, 1e-6f};
+                    if (sl_gpu_moe_shared(c, mode == 6 ? xn : io.x, &sh, &err)) DIE("%s", err.msg);
                     sl_moe_route r;
                     memset(&r, 0, sizeof r);
                     sl_moe_expert_w w[NUSED];
@@ -703,7 +724,9 @@ int main(int argc, char **argv)
                     if (mode >= 2) {
                         forced_route(it + 10, &r);
                         uint32_t started = 0;
-                        if (sl_gpu_route_start(c, io.x, rwd, NULL, t0d, &r, &err) ||
+                        if ((mode == 6
+                                 ? sl_gpu_route_start_norm(c, &nm, xn, rwd, NULL, t0d, &r, &err)
+                                 : sl_gpu_route_start(c, io.x, rwd, NULL, t0d, &r, &err)) ||
                             sl_gpu_route_wait(c, &r, &started, &err))
                             DIE("%s", err.msg);
                         t1 = now_us();
@@ -761,12 +784,13 @@ int main(int argc, char **argv)
             qsort(lx, it_n, sizeof *lx, cmp_d);
             /* modes 3 to 5's last output against mode 2's (the same routes) */
             static uint16_t last[4][DIM];
-            if (mode >= 2 && sl_gpu_download(c, last[mode - 2], out, sizeof last[0], &err))
+            if (mode >= 2 && mode < 6 &&
+                sl_gpu_download(c, last[mode - 2], out, sizeof last[0], &err))
                 DIE("%s", err.msg);
             say("| %s | %.1f (%.1f, %.1f) | %.1f | **%.1f** (%.1f, %.1f) | **%.1f**%s |\n",
                 mode_name[mode], lr[it_n / 2], lr[it_n / 10], lr[it_n * 9 / 10], lx[it_n / 2],
                 lat[it_n / 2], lat[it_n / 10], lat[it_n * 9 / 10], b2b,
-                mode < 3                                           ? ""
+                mode < 3 || mode == 6                              ? ""
                 : !memcmp(last[0], last[mode - 2], sizeof last[0]) ? " (output: the same bits)"
                                                                    : " (output DIFFERS)");
         }
@@ -828,8 +852,8 @@ int main(int argc, char **argv)
         /* the device-routed layer's gate/up and down on the GPU's clock: the last of 8
          * layers back to back, with the gate/up starting on the selection's table, after
          * the whole selection (ws 1), with h's q8_1 by k_quant_h (ws 2), by a CTA's two
-         * groups (ws 3) */
-        for (int ws = 0; ws <= 3; ws++) {
+         * groups (ws 3), with the residual and the norm inside the router (ws 4) */
+        for (int ws = 0; ws <= 4; ws++) {
             static unsigned long long st[MB_ST_RECS * MB_ST_SLOTS], st2[MB_ST_RECS * MB_ST_SLOTS],
                 rts[SL_GPU_RT_STAMPS];
             memset(st, 0, sizeof st);
@@ -850,8 +874,10 @@ int main(int argc, char **argv)
                 sl_moe_route r;
                 forced_route(it, &r);
                 uint32_t started = 0;
-                if (sl_gpu_moe_shared(c, io.x, &sh, &err) ||
-                    sl_gpu_route_start(c, io.x, rwd, NULL, t0d, &r, &err) ||
+                const sl_gpu_norm nm = {hn[it & 1], out, hn[(it + 1) & 1], wn, 1e-6f};
+                if (sl_gpu_moe_shared(c, ws == 4 ? xn : io.x, &sh, &err) ||
+                    (ws == 4 ? sl_gpu_route_start_norm(c, &nm, xn, rwd, NULL, t0d, &r, &err)
+                             : sl_gpu_route_start(c, io.x, rwd, NULL, t0d, &r, &err)) ||
                     sl_gpu_route_wait(c, &r, &started, &err) ||
                     sl_gpu_moe_finish(c, out, NULL, &err))
                     DIE("%s", err.msg);
@@ -863,10 +889,12 @@ int main(int argc, char **argv)
                 DIE("%s", err.msg);
             if (ws != 1) {
                 if (ws)
-                    say(ws == 2 ? "With h's q8_1 by k_quant_h after the gate/up (until session "
-                                  "12):\n\n"
-                                : "With h's q8_1 by the gate/up, 32 rows a CTA (its two "
-                                  "groups):\n\n");
+                    say(ws == 2   ? "With h's q8_1 by k_quant_h after the gate/up (until session "
+                                    "12):\n\n"
+                        : ws == 3 ? "With h's q8_1 by the gate/up, 32 rows a CTA (its two "
+                                    "groups):\n\n"
+                                  : "With the residual and the norm inside the router "
+                                    "(sluice-compute's layer):\n\n");
                 layer_timeline(rts, st, st2);
             }
             for (int k = 0; k < 2; k++) {
@@ -879,6 +907,7 @@ int main(int argc, char **argv)
                          ws == 1   ? ", after the whole selection"
                          : ws == 2 ? ", h's q8_1 by k_quant_h"
                          : ws == 3 ? ", h's q8_1 by a CTA's two groups"
+                         : ws == 4 ? ", the norm inside the router"
                                    : "");
                 stamp_table(st, what);
             }
