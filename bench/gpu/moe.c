@@ -694,7 +694,7 @@ int main(int argc, char **argv)
                 sl_gpu_malloc(c, &xn, DIM * 2, &err) || sl_gpu_upload(c, out, hb, DIM * 2, &err))
                 DIE("%s", err.msg);
         }
-        static const char *const mode_name[7] = {
+        static const char *const mode_name[8] = {
             "host top-6, sl_gpu_moe_routed",
             "host top-6, begin + 2 parts + finish",
             "**device routing**: router + selection + gate/up queued at once, finish",
@@ -702,8 +702,10 @@ int main(int argc, char **argv)
             "**device routing**, h's q8_1 by k_quant_h after the gate/up (until session 12)",
             "**device routing**, h's q8_1 by the gate/up, 32 rows a CTA (its two groups)",
             "**device routing**, the residual and the norm inside the router (sluice-compute's "
-            "layer; its own x, so other bits)"};
-        for (int mode = 0; mode < 7; mode++) {
+            "layer; its own x, so other bits)",
+            "**device routing**, the residual and the norm as their own kernel, then the router "
+            "(sluice-compute's `--norm-kernel`; its own x)"};
+        for (int mode = 0; mode < 8; mode++) {
             if (o.quick && mode < 2) continue;
             const sl_gpu_probe pr = {.wait_select = mode == 3,
                                      .qh_form = mode == 4   ? 1
@@ -716,7 +718,9 @@ int main(int argc, char **argv)
                 for (int it = -10; it < it_n; it++) {
                     const double t0 = now_us();
                     const sl_gpu_norm nm = {hn[it & 1], out, hn[(it + 1) & 1], wn, 1e-6f};
-                    if (sl_gpu_moe_shared(c, mode == 6 ? xn : io.x, &sh, &err)) DIE("%s", err.msg);
+                    if (mode == 7 && sl_gpu_residual_norm(c, hn[0], out, wn, 1e-6f, xn, &err))
+                        DIE("%s", err.msg);
+                    if (sl_gpu_moe_shared(c, mode >= 6 ? xn : io.x, &sh, &err)) DIE("%s", err.msg);
                     sl_moe_route r;
                     memset(&r, 0, sizeof r);
                     sl_moe_expert_w w[NUSED];
@@ -726,7 +730,8 @@ int main(int argc, char **argv)
                         uint32_t started = 0;
                         if ((mode == 6
                                  ? sl_gpu_route_start_norm(c, &nm, xn, rwd, NULL, t0d, &r, &err)
-                                 : sl_gpu_route_start(c, io.x, rwd, NULL, t0d, &r, &err)) ||
+                                 : sl_gpu_route_start(c, mode == 7 ? xn : io.x, rwd, NULL, t0d, &r,
+                                                      &err)) ||
                             sl_gpu_route_wait(c, &r, &started, &err))
                             DIE("%s", err.msg);
                         t1 = now_us();
@@ -790,7 +795,7 @@ int main(int argc, char **argv)
             say("| %s | %.1f (%.1f, %.1f) | %.1f | **%.1f** (%.1f, %.1f) | **%.1f**%s |\n",
                 mode_name[mode], lr[it_n / 2], lr[it_n / 10], lr[it_n * 9 / 10], lx[it_n / 2],
                 lat[it_n / 2], lat[it_n / 10], lat[it_n * 9 / 10], b2b,
-                mode < 3 || mode == 6                              ? ""
+                mode < 3 || mode >= 6                              ? ""
                 : !memcmp(last[0], last[mode - 2], sizeof last[0]) ? " (output: the same bits)"
                                                                    : " (output DIFFERS)");
         }
@@ -852,8 +857,9 @@ int main(int argc, char **argv)
         /* the device-routed layer's gate/up and down on the GPU's clock: the last of 8
          * layers back to back, with the gate/up starting on the selection's table, after
          * the whole selection (ws 1), with h's q8_1 by k_quant_h (ws 2), by a CTA's two
-         * groups (ws 3), with the residual and the norm inside the router (ws 4) */
-        for (int ws = 0; ws <= 4; ws++) {
+         * groups (ws 3), with the residual and the norm inside the router (ws 4), as their
+         * own kernel before it (ws 5) */
+        for (int ws = 0; ws <= 5; ws++) {
             static unsigned long long st[MB_ST_RECS * MB_ST_SLOTS], st2[MB_ST_RECS * MB_ST_SLOTS],
                 rts[SL_GPU_RT_STAMPS];
             memset(st, 0, sizeof st);
@@ -875,9 +881,11 @@ int main(int argc, char **argv)
                 forced_route(it, &r);
                 uint32_t started = 0;
                 const sl_gpu_norm nm = {hn[it & 1], out, hn[(it + 1) & 1], wn, 1e-6f};
-                if (sl_gpu_moe_shared(c, ws == 4 ? xn : io.x, &sh, &err) ||
-                    (ws == 4 ? sl_gpu_route_start_norm(c, &nm, xn, rwd, NULL, t0d, &r, &err)
-                             : sl_gpu_route_start(c, io.x, rwd, NULL, t0d, &r, &err)) ||
+                if ((ws == 5 && sl_gpu_residual_norm(c, hn[0], out, wn, 1e-6f, xn, &err)) ||
+                    sl_gpu_moe_shared(c, ws >= 4 ? xn : io.x, &sh, &err) ||
+                    (ws == 4
+                         ? sl_gpu_route_start_norm(c, &nm, xn, rwd, NULL, t0d, &r, &err)
+                         : sl_gpu_route_start(c, ws == 5 ? xn : io.x, rwd, NULL, t0d, &r, &err)) ||
                     sl_gpu_route_wait(c, &r, &started, &err) ||
                     sl_gpu_moe_finish(c, out, NULL, &err))
                     DIE("%s", err.msg);
@@ -893,8 +901,11 @@ int main(int argc, char **argv)
                                     "12):\n\n"
                         : ws == 3 ? "With h's q8_1 by the gate/up, 32 rows a CTA (its two "
                                     "groups):\n\n"
-                                  : "With the residual and the norm inside the router "
-                                    "(sluice-compute's layer):\n\n");
+                        : ws == 4 ? "With the residual and the norm inside the router "
+                                    "(sluice-compute's layer):\n\n"
+                                  : "With the residual and the norm as their own kernel before "
+                                    "the router (`--norm-kernel`; the timeline starts at the "
+                                    "router):\n\n");
                 layer_timeline(rts, st, st2);
             }
             for (int k = 0; k < 2; k++) {
@@ -908,6 +919,7 @@ int main(int argc, char **argv)
                          : ws == 2 ? ", h's q8_1 by k_quant_h"
                          : ws == 3 ? ", h's q8_1 by a CTA's two groups"
                          : ws == 4 ? ", the norm inside the router"
+                         : ws == 5 ? ", the norm as its own kernel"
                                    : "");
                 stamp_table(st, what);
             }
