@@ -1931,9 +1931,9 @@ __device__ __forceinline__ void k_norm_w(const k_rnorm &nm, uint32_t dim, float2
 /* sl_emu_residual_norm (w not NULL) in one CTA of 128 threads, into xf (f32, shared,
  * at k_xf_at) and, for its rows, into nm.h_out and nm.x: thread t holds the emulation's
  * lanes 2t and 2t + 1 (a bf16 pair a load; h and y loaded at once, w before, k_norm_w),
- * adds their squares in increasing i, the 256 lanes' sums meet in the emulation's pairing (s[t] +
- * s[t + off] for off = 128, 64, ..., 1): the first three rounds by warp 0 from ss, the
- * rest by its shuffles, so two barriers instead of nine. */
+ * adds their squares in increasing i, the 256 lanes' sums meet in the emulation's
+ * pairing (s[t] + s[t + off] for off = 128, 64, ..., 1): the first three rounds by warp
+ * 0 from ss, the rest by its shuffles, so two barriers instead of nine. */
 __device__ __forceinline__ void k_norm_in_cta(const k_rnorm &nm, uint32_t dim, float *ss, float *xf,
                                               const float2 (&wv)[K_NORM_E])
 {

@@ -148,6 +148,34 @@ static void forced_route(int it, sl_moe_route *r)
     for (int k = 0; k < NUSED; k++) r->weight[k] *= 1.5f / sum;
 }
 
+/* The buffers of sluice-compute's own layer forms in the device-routed rows: the
+ * residual stream (two, since the router's form writes h + y into the other one), the
+ * norm's weights and x. */
+typedef struct norm_io {
+    void *h[2], *w, *x;
+} norm_io;
+
+enum { NORM_NONE, NORM_IN_ROUTER, NORM_KERNEL };
+
+/* Queues the shared expert of layer `it` and its device routing (forced picks r, the
+ * device tier t0d): on x as given (NORM_NONE), or, as sluice-compute's layer, with the
+ * residual (+ y, the last layer's output) and the norm computed inside the router's
+ * CTAs (NORM_IN_ROUTER) or by their own kernel before it (NORM_KERNEL, --norm-kernel). */
+static int route_layer(sl_gpu_ctx *c, int form, int it, const uint16_t *x, const norm_io *n,
+                       const uint16_t *y, const sl_moe_expert_w *sh, const uint16_t *rw,
+                       const sl_gpu_t0e *t0d, const sl_moe_route *r, sl_err *err)
+{
+    const float eps = 1e-6f;
+    uint16_t *nx = n->x; /* the x the norm forms compute */
+    const uint16_t *xr = form == NORM_NONE ? x : nx;
+    int rc = form == NORM_KERNEL ? sl_gpu_residual_norm(c, n->h[0], y, n->w, eps, nx, err) : 0;
+    if (!rc) rc = sl_gpu_moe_shared(c, xr, sh, err);
+    if (rc) return rc;
+    if (form != NORM_IN_ROUTER) return sl_gpu_route_start(c, xr, rw, NULL, t0d, r, err);
+    const sl_gpu_norm nm = {n->h[it & 1], y, n->h[(it + 1) & 1], n->w, eps};
+    return sl_gpu_route_start_norm(c, &nm, nx, rw, NULL, t0d, r, err);
+}
+
 /* One table row of a fused launch's phases from its stamps (sl_kfuse.stamps). */
 static void fused_phases(const unsigned long long *st, const char *name, char *row, size_t cap)
 {
@@ -678,7 +706,7 @@ int main(int argc, char **argv)
             DIE("%s", err.msg);
         /* sluice-compute's layer: the residual (h + the last layer's output) and the norm
          * inside the router's CTAs, x computed there (hn ping-pongs: h_out is not h) */
-        void *hn[2] = {NULL, NULL}, *wn = NULL, *xn = NULL;
+        norm_io nio = {{NULL, NULL}, NULL, NULL};
         {
             uint16_t hb[DIM];
             float wf[DIM];
@@ -687,11 +715,12 @@ int main(int argc, char **argv)
                 wf[i] = 0.5f + urand();
             }
             for (int k = 0; k < 2; k++)
-                if (sl_gpu_malloc(c, &hn[k], DIM * 2, &err) ||
-                    sl_gpu_upload(c, hn[k], hb, DIM * 2, &err))
+                if (sl_gpu_malloc(c, &nio.h[k], DIM * 2, &err) ||
+                    sl_gpu_upload(c, nio.h[k], hb, DIM * 2, &err))
                     DIE("%s", err.msg);
-            if (sl_gpu_malloc(c, &wn, DIM * 4, &err) || sl_gpu_upload(c, wn, wf, DIM * 4, &err) ||
-                sl_gpu_malloc(c, &xn, DIM * 2, &err) || sl_gpu_upload(c, out, hb, DIM * 2, &err))
+            if (sl_gpu_malloc(c, &nio.w, DIM * 4, &err) ||
+                sl_gpu_upload(c, nio.w, wf, DIM * 4, &err) ||
+                sl_gpu_malloc(c, &nio.x, DIM * 2, &err) || sl_gpu_upload(c, out, hb, DIM * 2, &err))
                 DIE("%s", err.msg);
         }
         static const char *const mode_name[8] = {
@@ -717,10 +746,11 @@ int main(int argc, char **argv)
                 const double tb = now_us();
                 for (int it = -10; it < it_n; it++) {
                     const double t0 = now_us();
-                    const sl_gpu_norm nm = {hn[it & 1], out, hn[(it + 1) & 1], wn, 1e-6f};
-                    if (mode == 7 && sl_gpu_residual_norm(c, hn[0], out, wn, 1e-6f, xn, &err))
-                        DIE("%s", err.msg);
-                    if (sl_gpu_moe_shared(c, mode >= 6 ? xn : io.x, &sh, &err)) DIE("%s", err.msg);
+                    /* modes 6, 7: sluice-compute's layer forms */
+                    const int form = mode == 6   ? NORM_IN_ROUTER
+                                     : mode == 7 ? NORM_KERNEL
+                                                 : NORM_NONE;
+                    if (mode < 2 && sl_gpu_moe_shared(c, io.x, &sh, &err)) DIE("%s", err.msg);
                     sl_moe_route r;
                     memset(&r, 0, sizeof r);
                     sl_moe_expert_w w[NUSED];
@@ -728,10 +758,7 @@ int main(int argc, char **argv)
                     if (mode >= 2) {
                         forced_route(it + 10, &r);
                         uint32_t started = 0;
-                        if ((mode == 6
-                                 ? sl_gpu_route_start_norm(c, &nm, xn, rwd, NULL, t0d, &r, &err)
-                                 : sl_gpu_route_start(c, mode == 7 ? xn : io.x, rwd, NULL, t0d, &r,
-                                                      &err)) ||
+                        if (route_layer(c, form, it, io.x, &nio, out, &sh, rwd, t0d, &r, &err) ||
                             sl_gpu_route_wait(c, &r, &started, &err))
                             DIE("%s", err.msg);
                         t1 = now_us();
@@ -880,12 +907,8 @@ int main(int argc, char **argv)
                 sl_moe_route r;
                 forced_route(it, &r);
                 uint32_t started = 0;
-                const sl_gpu_norm nm = {hn[it & 1], out, hn[(it + 1) & 1], wn, 1e-6f};
-                if ((ws == 5 && sl_gpu_residual_norm(c, hn[0], out, wn, 1e-6f, xn, &err)) ||
-                    sl_gpu_moe_shared(c, ws >= 4 ? xn : io.x, &sh, &err) ||
-                    (ws == 4
-                         ? sl_gpu_route_start_norm(c, &nm, xn, rwd, NULL, t0d, &r, &err)
-                         : sl_gpu_route_start(c, ws == 5 ? xn : io.x, rwd, NULL, t0d, &r, &err)) ||
+                const int form = ws == 4 ? NORM_IN_ROUTER : ws == 5 ? NORM_KERNEL : NORM_NONE;
+                if (route_layer(c, form, it, io.x, &nio, out, &sh, rwd, t0d, &r, &err) ||
                     sl_gpu_route_wait(c, &r, &started, &err) ||
                     sl_gpu_moe_finish(c, out, NULL, &err))
                     DIE("%s", err.msg);
