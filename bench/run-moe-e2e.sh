@@ -15,7 +15,8 @@
 # CPUS "A,B" pins the fetcher's and the compute process's serving threads (--cpu).
 # COMPUTE_FLAGS: more flags for every sluice-compute run (e.g. --norm-kernel, to compare).
 # SKIP_COLD=1 leaves out (c) (the disk reads take most of the run). STEADY (default 400):
-# the warm-up steps of (b'), (b) in the steady state under each T0 admission.
+# the warm-up steps of (b'), (b) in the steady state under each T0 admission. ONLY_A=1
+# runs (a) alone (e.g. twice, with and without a COMPUTE_FLAGS, in one device call).
 set -eu
 build=$1
 dir=${2:-/tmp/sluice-bench-L4}
@@ -77,6 +78,7 @@ for routing in uniform zipf:1.0; do
     # The real model's 40 layers measured: bench-L4's 4 layers run 10 times a step.
     run "(a) every expert in T0 (preloaded), 40 layers a step (--layer-passes 10), routing $routing" \
         --routing "$routing" --t0-slots 1536 --t0-preload --warmup 4 --layer-passes 10
+    [ -n "${ONLY_A:-}" ] && continue
     run "(b) T0 of 768 slots (50%) + T1, after $warm warm-up steps, routing $routing" \
         --routing "$routing" --t0-slots 768 --warmup "$warm"
     # The device tier is not full yet after $warm steps of Zipf routing (bench-t0sim):

@@ -34,7 +34,7 @@
 #define GT_TR    8     /* rows of gate (and of up) per stage */
 #define GT_ST    4     /* stages in flight per CTA (2 per group) */
 #define GT_STG   1     /* host-table gate/up: one stage a group first, the rest once it landed */
-#define GT_QH    3     /* gate/ups write h's q8_1 (3: a warp group's 32 rows; 0: k_quant_h) */
+#define GT_QH    4     /* gate/ups write h's q8_1 (4: a CTA's 32 rows; 3: a group's; 0: none) */
 #define DP_LPR   4     /* lanes per row (k_dot2_q3_k), bulk-copy down */
 #define DP_TD    8     /* output rows per tile (stage), bulk-copy down */
 #define DP_ST    2     /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */

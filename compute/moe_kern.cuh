@@ -2108,23 +2108,38 @@ struct sl_kroute {
     uint32_t seq;               /* written last: the routing's number (the host spins on it) */
 };
 
+/* A selection key: larger is better, as router.c orders them (the larger key first,
+ * the lower index on equal keys): the key's bits made monotonic as an unsigned (-0 as
+ * +0, so that the two are equal as router.c's float compare has them), then the index
+ * complemented. NaN is never given (it is -inf by then). Padding threads keep 0, below
+ * every expert's key (-inf gives 0x007fffff in the upper word). */
+__device__ __forceinline__ unsigned long long k_sel_key(float kv, uint32_t e)
+{
+    const uint32_t u = __float_as_uint(kv == 0.0f ? 0.0f : kv);
+    const uint32_t o = u >> 31 ? ~u : u | 0x80000000u;
+    return (unsigned long long)o << 32 | ~e;
+}
+
 /* The selection of router.c on the device, bit for bit (router.h states the rules):
  * scores by score.h, keys = score + bias (NaN -> -inf), the k best keys with the lower
  * index first on ties, weights from the unbiased scores. One CTA, thread e owns expert
- * e (n_expert <= 1024). The k-th largest of the warps' maxima is a lower bound T of
- * the k-th largest key, so only experts with key >= T (usually a few more than k) can
- * be picked: those are listed, and each counts the listed experts ranking before it.
+ * e (n_expert <= 1024), keys compared as k_sel_key's 64-bit words (all distinct). The
+ * k-th largest of the warps' maxima, T, is a lower bound of the k-th largest key, so
+ * only keys >= T can be picked, and of those only a warp's k best: at most k of each
+ * of the k warps whose maximum is >= T (every warp's k best when there are fewer than
+ * k warps), k * k <= 64 candidates, usually k or a few more. Each warp lists its own
+ * (one shared-memory atomic a warp), then warp 0 ranks the list, each candidate
+ * counting those before it, and does the rest alone: two CTA barriers in all.
  * `forced` (nullable; a synthetic routing) replaces the picks and weights after they
  * were computed. Then each pick's slot (its place in increasing expert id) and, for
  * the picks the device tier holds (t0[expert].gate not NULL; t0 nullable), the table
  * of k_gateup_tma_dev_q2_k, plus the shared expert `sh` when with_sh, published by
  * and, with ttab, its tagged form (sl_kttab, every word tagged ttag), before the picks
- * go to the host. The
- * device tier's entries are read before the wait for the router (thread e its
- * expert's, through L2: sl_gpu_t0_set changes them in stream order, and the kernels
- * before the router have completed when this one starts) and handed to the picks'
- * ranks in shared memory. stamps (nullable, bench): thread 0's milestones,
- * SL_GPU_RT_SEL_*. */
+ * go to the host. The device tier's entries are read before the wait for the router
+ * (thread e its expert's, through L2: sl_gpu_t0_set changes them in stream order, and
+ * the kernels before the router have completed when this one starts) into shared
+ * memory, where warp 0 finds its picks'. stamps (nullable, bench): thread 0's
+ * milestones, SL_GPU_RT_SEL_*. */
 __global__ void __launch_bounds__(1024)
     k_route_select(const float *__restrict__ logits, const float *__restrict__ bias,
                    uint32_t n_expert, uint32_t k, int norm_topk, float route_scale,
@@ -2132,21 +2147,21 @@ __global__ void __launch_bounds__(1024)
                    sl_ktab *tab, sl_kexp sh, int with_sh, uint32_t seq, sl_kttab *ttab,
                    unsigned ttag, unsigned long long *stamps)
 {
-    __shared__ float wmax[32], ckey[1024], cscore[1024];
-    __shared__ uint32_t cidx[1024], n_cand, pick[SL_GPU_MAX_USED];
-    __shared__ float pscore[SL_GPU_MAX_USED], thr;
-    __shared__ sl_gpu_t0e t0s[SL_GPU_MAX_USED];
+    constexpr uint32_t MAXC = SL_GPU_MAX_USED * SL_GPU_MAX_USED;
+    __shared__ unsigned long long wmax[32], ckey[MAXC];
+    __shared__ float cscore[MAXC], pscore[SL_GPU_MAX_USED];
+    __shared__ uint32_t n_cand, pick[SL_GPU_MAX_USED];
+    __shared__ sl_gpu_t0e t0all[1024];
     const uint32_t e = threadIdx.x, lane = e & 31, warp = e >> 5, nw = blockDim.x >> 5;
     const float b = bias && e < n_expert ? bias[e] : 0.0f;
-    sl_gpu_t0e mine_t0 = {NULL, NULL, NULL};
     if (t0 && e < n_expert) {
         const unsigned long long *q = (const unsigned long long *)(t0 + e);
-        mine_t0 = (sl_gpu_t0e){(const void *)__ldcg(q), (const void *)__ldcg(q + 1),
-                               (const void *)__ldcg(q + 2)};
+        t0all[e] = (sl_gpu_t0e){(const void *)__ldcg(q), (const void *)__ldcg(q + 1),
+                                (const void *)__ldcg(q + 2)};
     }
     /* forced sits in host memory (mapped): each read crosses the bus, so the k threads
-     * of the picks read theirs at once, before the wait (the host wrote it before the
-     * launch) */
+     * of the picks (in warp 0) read theirs at once, before the wait (the host wrote it
+     * before the launch) */
     uint32_t f_ex = 0;
     float f_wt = 0.0f;
     if (forced && e < k) {
@@ -2154,7 +2169,6 @@ __global__ void __launch_bounds__(1024)
         f_wt = forced->weight[e];
     }
     if (e == 0) n_cand = 0;
-    if (e < k) t0s[e] = (sl_gpu_t0e){NULL, NULL, NULL}; /* a pick no thread owns */
     unsigned long long *rec = stamps && e == 0 ? stamps : nullptr;
     k_stamp(rec, SL_GPU_RT_SEL_ENTRY);
     /* wait first, then let the gate/up start: the gate/up reads the router's x image
@@ -2162,53 +2176,60 @@ __global__ void __launch_bounds__(1024)
     k_pdl_wait();
     k_pdl_go();
     k_stamp(rec, SL_GPU_RT_SEL_WAITED);
-    float sc = 0.0f, kv = -INFINITY;
+    float sc = 0.0f;
+    unsigned long long key = 0;
     if (e < n_expert) {
         sc = sl_score(logits[e]);
-        kv = bias ? sl_emu_add(sc, b) : sc;
+        float kv = bias ? sl_emu_add(sc, b) : sc;
         if (kv != kv) kv = -INFINITY;
+        key = k_sel_key(kv, e);
     }
-    float m = kv;
-    for (int off = 16; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, off));
-    if (lane == 0) wmax[warp] = m;
+    const uint32_t hi = __reduce_max_sync(~0u, (uint32_t)(key >> 32));
+    const uint32_t lo = __reduce_max_sync(~0u, (uint32_t)(key >> 32) == hi ? (uint32_t)key : 0u);
+    if (lane == 0) wmax[warp] = (unsigned long long)hi << 32 | lo;
     __syncthreads();
     k_stamp(rec, SL_GPU_RT_SEL_SCORED);
-    if (e < nw) { /* the k-th largest warp maximum (or -inf with fewer than k warps) */
-        const float me = wmax[e];
-        uint32_t above = 0;
-        for (uint32_t j = 0; j < nw; j++) above += wmax[j] > me || (wmax[j] == me && j < e);
-        if (above == k - 1) thr = wmax[e];
-        if (nw < k && e == 0) thr = -INFINITY;
-    }
-    __syncthreads();
-    if (e < n_expert && kv >= thr) {
-        const uint32_t c = atomicAdd(&n_cand, 1u);
-        ckey[c] = kv;
-        cidx[c] = e;
-        cscore[c] = sc;
-    }
-    __syncthreads();
-    const uint32_t nc = n_cand;
-    for (uint32_t c = e; c < nc; c += blockDim.x) {
-        const float kc = ckey[c];
-        const uint32_t ic = cidx[c];
+    /* every warp: T, the k-th largest warp maximum (0, below every key, with fewer than
+     * k warps) */
+    const unsigned long long mw = lane < nw ? wmax[lane] : 0ull;
+    uint32_t above = 0;
+    for (uint32_t j = 0; j < nw; j++) above += wmax[j] > mw;
+    const uint32_t at = __ballot_sync(~0u, lane < nw && above == k - 1);
+    const unsigned long long thr = at ? __shfl_sync(~0u, mw, __ffs(at) - 1) : 0ull;
+    bool cand = e < n_expert && key >= thr;
+    uint32_t mask = __ballot_sync(~0u, cand);
+    if ((uint32_t)__popc(mask) > k) { /* the warp's k best only: no other is among all's */
         uint32_t rank = 0;
-        for (uint32_t j = 0; j < nc; j++) rank += ckey[j] > kc || (ckey[j] == kc && cidx[j] < ic);
-        if (rank < k) {
-            pick[rank] = ic;
-            pscore[rank] = cscore[c];
+        for (uint32_t m = mask; m; m &= m - 1) rank += __shfl_sync(~0u, key, __ffs(m) - 1) > key;
+        cand = cand && rank < k;
+        mask = __ballot_sync(~0u, cand);
+    }
+    if (mask) {
+        uint32_t base = 0;
+        if (lane == 0) base = atomicAdd(&n_cand, (uint32_t)__popc(mask));
+        base = __shfl_sync(~0u, base, 0);
+        if (cand) {
+            const uint32_t c = base + __popc(mask & ((1u << lane) - 1));
+            ckey[c] = key;
+            cscore[c] = sc;
         }
     }
     __syncthreads();
-    k_stamp(rec, SL_GPU_RT_SEL_RANKED);
-    if (forced && e < k) pick[e] = f_ex;
-    if (t0) { /* each pick's device-tier entry, from the thread that read it */
-        if (forced) __syncthreads(); /* the forced picks are in place */
-        for (uint32_t r = 0; r < k; r++)
-            if (pick[r] == e) t0s[r] = mine_t0;
-    }
-    __syncthreads();
     if (warp) return;
+    const uint32_t nc = n_cand;
+    for (uint32_t c = lane; c < nc; c += 32) {
+        const unsigned long long kc = ckey[c];
+        uint32_t rank = 0;
+        for (uint32_t j = 0; j < nc; j++) rank += ckey[j] > kc;
+        if (rank < k) {
+            pick[rank] = ~(uint32_t)kc;
+            pscore[rank] = cscore[c];
+        }
+    }
+    __syncwarp();
+    if (forced && e < k) pick[e] = f_ex;
+    __syncwarp();
+    k_stamp(rec, SL_GPU_RT_SEL_RANKED);
     /* Warp 0, lane r < k: rank r. Every lane adds the k scores in rank order (the
      * reference's sum). */
     const uint32_t r = lane;
@@ -2224,7 +2245,7 @@ __global__ void __launch_bounds__(1024)
         wt = forced      ? f_wt
              : norm_topk ? sl_emu_mul(sl_emu_div(pscore[r], denom), route_scale)
                          : sl_emu_mul(pscore[r], route_scale);
-        if (t0) d = t0s[r];
+        if (t0) d = t0all[ex];
     }
     uint32_t slot = 0; /* sl_emu_moe_order: increasing expert id, stable */
     for (uint32_t q = 0; q < k; q++) {

@@ -729,7 +729,8 @@ int main(int argc, char **argv)
             "**device routing**: router + selection + gate/up queued at once, finish",
             "**device routing**, the gate/up waiting for the whole selection",
             "**device routing**, h's q8_1 by k_quant_h after the gate/up (until session 12)",
-            "**device routing**, h's q8_1 by the gate/up, 32 rows a CTA (its two groups)",
+            "**device routing**, h's q8_1 by each warp group of the gate/up, its own 32 rows "
+            "(sessions 12 to 17)",
             "**device routing**, the residual and the norm inside the router (sluice-compute's "
             "layer; its own x, so other bits)",
             "**device routing**, the residual and the norm as their own kernel, then the router "
@@ -738,7 +739,7 @@ int main(int argc, char **argv)
             if (o.quick && mode < 2) continue;
             const sl_gpu_probe pr = {.wait_select = mode == 3,
                                      .qh_form = mode == 4   ? 1
-                                                : mode == 5 ? 4
+                                                : mode == 5 ? 3
                                                             : 0};
             if (sl_gpu_set_probe(c, &pr, &err)) DIE("%s", err.msg);
             double b2b = 0;
@@ -883,9 +884,9 @@ int main(int argc, char **argv)
         say("\n");
         /* the device-routed layer's gate/up and down on the GPU's clock: the last of 8
          * layers back to back, with the gate/up starting on the selection's table, after
-         * the whole selection (ws 1), with h's q8_1 by k_quant_h (ws 2), by a CTA's two
-         * groups (ws 3), with the residual and the norm inside the router (ws 4), as their
-         * own kernel before it (ws 5) */
+         * the whole selection (ws 1), with h's q8_1 by k_quant_h (ws 2), by each warp
+         * group, its own 32 rows (ws 3, sessions 12 to 17), with the residual and the norm inside
+         * the router (ws 4), as their own kernel before it (ws 5) */
         for (int ws = 0; ws <= 5; ws++) {
             static unsigned long long st[MB_ST_RECS * MB_ST_SLOTS], st2[MB_ST_RECS * MB_ST_SLOTS],
                 rts[SL_GPU_RT_STAMPS];
@@ -893,7 +894,7 @@ int main(int argc, char **argv)
             memset(rts, 0, sizeof rts);
             const sl_gpu_probe pr = {.wait_select = ws == 1,
                                      .qh_form = ws == 2   ? 1
-                                                : ws == 3 ? 4
+                                                : ws == 3 ? 3
                                                           : 0,
                                      .gu_stamps = gu_st,
                                      .dn_stamps = dn_st,
@@ -922,8 +923,8 @@ int main(int argc, char **argv)
                 if (ws)
                     say(ws == 2   ? "With h's q8_1 by k_quant_h after the gate/up (until session "
                                     "12):\n\n"
-                        : ws == 3 ? "With h's q8_1 by the gate/up, 32 rows a CTA (its two "
-                                    "groups):\n\n"
+                        : ws == 3 ? "With h's q8_1 by each warp group, its own 32 rows "
+                                    "(sessions 12 to 17):\n\n"
                         : ws == 4 ? "With the residual and the norm inside the router "
                                     "(sluice-compute's layer):\n\n"
                                   : "With the residual and the norm as their own kernel before "
@@ -940,7 +941,7 @@ int main(int argc, char **argv)
                          k ? "down" : "gate/up",
                          ws == 1   ? ", after the whole selection"
                          : ws == 2 ? ", h's q8_1 by k_quant_h"
-                         : ws == 3 ? ", h's q8_1 by a CTA's two groups"
+                         : ws == 3 ? ", h's q8_1 by each warp group"
                          : ws == 4 ? ", the norm inside the router"
                          : ws == 5 ? ", the norm as its own kernel"
                                    : "");
