@@ -34,7 +34,8 @@
 #define GT_TR    8     /* rows of gate (and of up) per stage */
 #define GT_ST    4     /* stages in flight per CTA (2 per group) */
 #define GT_STG   1     /* host-table gate/up: one stage a group first, the rest once it landed */
-#define GT_QH    4     /* gate/ups write h's q8_1 (4: a CTA's 32 rows; 3: a group's; 0: none) */
+#define GT_QH    3     /* host-table gate/ups write h's q8_1 (3: a group's 32 rows; 0: not) */
+#define GTD_QH   4     /* the device-table gate/up's (4: a CTA's 32 rows, its two groups) */
 #define DP_LPR   4     /* lanes per row (k_dot2_q3_k), bulk-copy down */
 #define DP_TD    8     /* output rows per tile (stage), bulk-copy down */
 #define DP_ST    2     /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
@@ -64,6 +65,7 @@ struct sl_gpu_ctx {
     int gt_stg;           /* its staggered start (GT_STG; sl_gpu_set_probe) */
     int gtd_flag;         /* the device-table gate/up starts on the selection's flag */
     int gt_qh;            /* the bulk-copy gate/ups' q8_1 of h: 0, 3, 4 (GT_QH; sl_gpu_set_probe) */
+    int gtd_qh;           /* the device-table gate/up's (GTD_QH; sl_gpu_set_probe) */
     unsigned long long *dn_stamps;   /* the down's milestones (bench; rs.stamps the gate/up's) */
     unsigned long long *rt_stamps;   /* the router's and the selection's (bench) */
     int gtd_ok, gtd_occ;             /* its device-table form fits too (routing on the device) */
@@ -124,7 +126,7 @@ struct sl_gpu_ctx {
     uint32_t queued;                   /* bit r: rank r's gate/up is queued */
     sl_ktab all;                       /* by slot: the down pointers for finish */
     uint32_t early;                    /* slots whose down ran early (sl_gpu_moe_down_early) */
-    uint32_t qh_done;                  /* slots whose q8_1 of h their gate/up wrote (gt_qh) */
+    uint32_t qh_done;                  /* slots whose q8_1 of h their gate/up wrote */
     float *ys;                         /* [SL_GPU_MAX_USED][dim] their rows, apart */
     int down_host;                     /* some queued expert's down is in host memory */
     /* timeline marks (sl_gpu_mark): created on first use */
@@ -497,6 +499,7 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         c->gt_stg = GT_STG; /* the device-table form starts with the shared expert */
         c->gtd_flag = 1;
         c->gt_qh = GT_QH;
+        c->gtd_qh = GTD_QH;
         c->gt_ok = c->gt_occ >= 1;
     }
     const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST, SL_Q3K_PACKED);
@@ -894,6 +897,7 @@ extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *er
     c->gt_stg = GT_STG && !p->plain_start;
     c->gtd_flag = !p->wait_select;
     c->gt_qh = p->qh_form == 1 ? 0 : p->qh_form >= 3 ? p->qh_form : GT_QH;
+    c->gtd_qh = p->qh_form == 1 ? 0 : p->qh_form >= 3 ? p->qh_form : GTD_QH;
     c->rs.stamps = p->gu_stamps;
     c->dn_stamps = p->dn_stamps;
     c->rt_stamps = p->rt_stamps;
@@ -934,8 +938,8 @@ static int route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w, cons
     if (with_sh) c->sh_state = SH_MERGED;
     if (t0) { /* right after the selection (PDL): the shared expert's rows load meanwhile */
         const uint32_t grid =
-            gt_grid(c, (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR), c->gtd_occ, c->gt_qh);
-        CK(k_launch(gtd_kernel(c->rs.stamps != NULL, c->gt_qh), grid, GT_NG * GT_NW * 32,
+            gt_grid(c, (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR), c->gtd_occ, c->gtd_qh);
+        CK(k_launch(gtd_kernel(c->rs.stamps != NULL, c->gtd_qh), grid, GT_NG * GT_NW * 32,
                     gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,
                     (const uint8_t *)c->ximg[0], s->dim, s->inter, s->swiglu_limit, c->rs, c->sh,
                     with_sh, (const sl_kttab *)(c->gtd_flag ? c->ttab_dev : NULL), c->ttab_tag),
@@ -1016,9 +1020,9 @@ extern "C" int sl_gpu_route_wait(sl_gpu_ctx *c, sl_moe_route *route, uint32_t *s
             const uint32_t slot = c->slot_of[r];
             c->all.e[slot] = c->kroute->e[slot];
             note_down(c, slot);
-            if (c->gt_qh) c->qh_done |= 1u << slot; /* the device-table gate/up's */
+            if (c->gtd_qh) c->qh_done |= 1u << slot; /* the device-table gate/up's */
         }
-    if (c->sh_state == SH_MERGED && c->gt_qh) c->qh_done |= 1u << n; /* it rode there too */
+    if (c->sh_state == SH_MERGED && c->gtd_qh) c->qh_done |= 1u << n; /* it rode there too */
     c->queued = *started;
     return 0;
 }
