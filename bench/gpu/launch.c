@@ -1,7 +1,9 @@
 /* launch.c - bench-launch: what a kernel launch costs on the GPU's side, back to back
  * on one stream, with and without programmatic dependent launch, and whether kernels
  * that need different L1 / shared-memory splits cost more in turn than alike ones
- * (the MoE chain alternates small kernels and ~115 KB bulk-copy kernels).
+ * (the MoE chain alternates small kernels and ~115 KB bulk-copy kernels); then how
+ * long a table of tagged words takes from its writer to many polling CTAs (the
+ * selection's handoff to the gate/up's 264 CTAs, lb_handoff).
  *
  * usage: bench-launch [-o FILE.md] [--n N (2000)]
  */
@@ -11,6 +13,62 @@
 
 #include "gpu.h"
 #include "launch_bench.h"
+
+static int cmp_d(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The handoff table: each shape's latencies (us from the stores to a poller's sight)
+ * over every poller of every launch. */
+static int handoff_table(FILE *md)
+{
+    enum { REPS = 40, WORDS = 25 };
+    static const struct {
+        int n_poll, sleep_ns, ncopy;
+    } shapes[] = {{1, 0, 1},    {32, 0, 1},    {132, 0, 1},  {264, 0, 1}, {528, 0, 1},
+                  {264, 32, 1}, {264, 256, 1}, {264, 32, 8}, {264, 0, 8}};
+    char line[512];
+    snprintf(line, sizeof line,
+             "\nA table of %d tagged 64-bit words (the selection's, sl_kttab) from one CTA's "
+             "stores to the polling CTAs' sight (a warp each, a word a lane, all tagged in one "
+             "round), %d launches, us on %%globaltimer (0.256 us grain):\n\n| pollers | sleep "
+             "between rounds, ns | copies | median | p90 | max | gave up |\n|---|---|---|---|---|"
+             "---|---|\n",
+             WORDS, REPS);
+    fputs(line, stdout);
+    if (md) fputs(line, md);
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        const int n = shapes[i].n_poll;
+        double *lat = malloc(sizeof *lat * (size_t)n * REPS);
+        char msg[256] = "";
+        if (!lat || lb_handoff(n, WORDS, shapes[i].sleep_ns, shapes[i].ncopy, REPS, lat, msg)) {
+            fprintf(stderr, "bench-launch: %s\n", lat ? msg : "out of memory");
+            free(lat);
+            return 1;
+        }
+        int gave_up = 0, m = 0;
+        for (int k = 0; k < n * REPS; k++) {
+            if (lat[k] < 0)
+                gave_up++;
+            else
+                lat[m++] = lat[k];
+        }
+        qsort(lat, (size_t)m, sizeof *lat, cmp_d);
+        if (m)
+            snprintf(line, sizeof line, "| %d | %d | %d | %.2f | %.2f | %.2f | %d |\n", n,
+                     shapes[i].sleep_ns, shapes[i].ncopy, lat[m / 2], lat[m * 9 / 10], lat[m - 1],
+                     gave_up);
+        else
+            snprintf(line, sizeof line, "| %d | %d | %d | | | | %d |\n", n, shapes[i].sleep_ns,
+                     shapes[i].ncopy, gave_up);
+        free(lat);
+        fputs(line, stdout);
+        if (md) fputs(line, md);
+    }
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -72,6 +130,7 @@ int main(int argc, char **argv)
                 fputs(line, stdout);
                 if (md) fputs(line, md);
             }
+    if (handoff_table(md)) return 1;
     if (md) fclose(md);
     return 0;
 }

@@ -16,6 +16,17 @@ enum { LB_NOP, LB_SMEM, LB_ALTERNATE };
  * dependent launch; carve: the carveout preference of both (-1: the driver's). */
 int lb_chain(int kind, int n, int pdl, int carve, size_t smem, double *us, char *msg);
 
+/* How long a table of tagged words takes from one CTA's stores to n_poll polling CTAs
+ * (the selection's handoff to the gate/up, compute/moe_kern.cuh's sl_kttab): one
+ * writer CTA waits 4 us from its start (the pollers are polling by then), notes
+ * %globaltimer and stores `words` 64-bit words, a lane each, tagged; each poller's warp
+ * loads the words, a lane each, until all carry the tag, with sleep_ns of __nanosleep
+ * between rounds (0: none), and notes %globaltimer. ncopy > 1: the writer stores the
+ * table ncopy times, 256 bytes apart, and poller c polls copy c % ncopy. reps launches;
+ * lat[reps * n_poll] gets each poller's time from the stores to its sight, in us (the
+ * clock's grain: 0.256 us on the H200 box), or -1 where it gave up after 2 ms. */
+int lb_handoff(int n_poll, int words, int sleep_ns, int ncopy, int reps, double *lat, char *msg);
+
 #ifdef __cplusplus
 }
 #endif

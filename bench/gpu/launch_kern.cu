@@ -4,6 +4,7 @@
  * side and whether a change of L1 / shared-memory split between two kernels adds to it. */
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "bench_ck.h"
 #include "k_launch.cuh"
@@ -35,6 +36,51 @@ __global__ void k_smem(int *sink, int pdl)
     pdl_step(pdl);
     __syncthreads();
     if (sm[(threadIdx.x + 1) % blockDim.x] < 0) *sink = 1;
+}
+
+__device__ __forceinline__ unsigned long long gtimer()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* lb_handoff's kernel: CTA 0 writes, the others poll (one warp each). tab holds
+ * ncopy tables of 32 words; seen[c - 1] gets poller c's sight, seen[n_poll] the
+ * stores' time. */
+__global__ void k_handoff(unsigned long long *tab, unsigned long long *seen, int n_poll, int words,
+                          int sleep_ns, int ncopy, unsigned long long tag)
+{
+    const int lane = threadIdx.x;
+    const unsigned long long t0 = gtimer();
+    if (blockIdx.x == 0) {
+        while (gtimer() - t0 < 4000) {
+        }
+        const unsigned long long ts = gtimer();
+        if (lane < words)
+            for (int q = 0; q < ncopy; q++)
+                asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(tab + 32 * q + lane),
+                             "l"(tag)
+                             : "memory");
+        if (lane == 0) seen[n_poll] = ts;
+        return;
+    }
+    const unsigned long long *w = tab + 32 * ((blockIdx.x - 1) % ncopy);
+    for (;;) {
+        unsigned long long v = tag;
+        if (lane < words)
+            asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];"
+                         : "=l"(v)
+                         : "l"(w + lane)
+                         : "memory");
+        if (__all_sync(~0u, v == tag)) break;
+        if (sleep_ns) __nanosleep(sleep_ns);
+        if (gtimer() - t0 > 2000000ull) {
+            if (lane == 0) seen[blockIdx.x - 1] = 0;
+            return;
+        }
+    }
+    if (lane == 0) seen[blockIdx.x - 1] = gtimer();
 }
 
 } /* namespace */
@@ -79,5 +125,51 @@ extern "C" int lb_chain(int kind, int n, int pdl, int carve, size_t smem, double
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
     cudaFree(sink);
+    return rc;
+}
+
+/* lb_handoff's body; tab and seen are the caller's, freed by it. */
+static int handoff(int n_poll, int words, int sleep_ns, int ncopy, int reps, double *lat, char *msg,
+                   unsigned long long **tab, unsigned long long **seen)
+{
+    if (n_poll < 1 || words < 1 || words > 32 || ncopy < 1 || ncopy > 8 || reps < 1) {
+        snprintf(msg, 256, "lb_handoff: n_poll %d words %d ncopy %d reps %d", n_poll, words, ncopy,
+                 reps);
+        return -1;
+    }
+    CKB(cudaMalloc(tab, 8 * 32 * 8));
+    CKB(cudaMemset(*tab, 0, 8 * 32 * 8));
+    CKB(cudaMalloc(seen, sizeof **seen * (size_t)(n_poll + 1)));
+    unsigned long long *h = (unsigned long long *)malloc(sizeof *h * (size_t)(n_poll + 1));
+    if (!h) {
+        snprintf(msg, 256, "lb_handoff: out of memory");
+        return -1;
+    }
+    for (int r = 0; r < reps; r++) {
+        k_handoff<<<1 + n_poll, 32>>>(*tab, *seen, n_poll, words, sleep_ns, ncopy,
+                                      (unsigned long long)(r + 1) << 4);
+        cudaError_t rc = cudaGetLastError();
+        if (rc == cudaSuccess)
+            rc = cudaMemcpy(h, *seen, sizeof *h * (size_t)(n_poll + 1), cudaMemcpyDeviceToHost);
+        if (rc != cudaSuccess) {
+            free(h);
+            snprintf(msg, 256, "k_handoff: %s", cudaGetErrorString(rc));
+            return -1;
+        }
+        for (int c = 0; c < n_poll; c++)
+            lat[(size_t)r * n_poll + c] =
+                h[c] ? ((double)h[c] - (double)h[n_poll]) / 1e3 : -1.0; /* 0: gave up */
+    }
+    free(h);
+    return 0;
+}
+
+extern "C" int lb_handoff(int n_poll, int words, int sleep_ns, int ncopy, int reps, double *lat,
+                          char *msg)
+{
+    unsigned long long *tab = NULL, *seen = NULL;
+    const int rc = handoff(n_poll, words, sleep_ns, ncopy, reps, lat, msg, &tab, &seen);
+    cudaFree(tab);
+    cudaFree(seen);
     return rc;
 }
