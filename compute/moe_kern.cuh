@@ -2126,10 +2126,11 @@ __device__ __forceinline__ unsigned long long k_sel_key(float kv, uint32_t e)
  * e (n_expert <= 1024), keys compared as k_sel_key's 64-bit words (all distinct). The
  * k-th largest of the warps' maxima, T, is a lower bound of the k-th largest key, so
  * only keys >= T can be picked, and of those only a warp's k best: at most k of each
- * of the k warps whose maximum is >= T (every warp's k best when there are fewer than
- * k warps), k * k <= 64 candidates, usually k or a few more. Each warp lists its own
- * (one shared-memory atomic a warp), then warp 0 ranks the list, each candidate
- * counting those before it, and does the rest alone: two CTA barriers in all.
+ * of the k warps whose maximum is >= T, one of the warp whose maximum is T (every
+ * warp's k best when there are fewer than k warps): k (k - 1) + 1 <= 57 candidates,
+ * usually k or a few more. Each warp lists its own (one shared-memory atomic a warp),
+ * then warp 0 ranks the list, each candidate counting those before it, and does the
+ * rest alone: two CTA barriers in all.
  * `forced` (nullable; a synthetic routing) replaces the picks and weights after they
  * were computed. Then each pick's slot (its place in increasing expert id) and, for
  * the picks the device tier holds (t0[expert].gate not NULL; t0 nullable), the table
