@@ -2,11 +2,12 @@
 # run-box.sh - what a GPU box is used for, in one call (device time is scarce): the GPU
 # test suite, bench-moe, the end-to-end table (run-moe-e2e.sh) and the fetcher bench
 # (run-fetch.sh), the layer's kernel trace (run-ktrace.sh, as built and with
-# --norm-kernel) and bench-launch (launch costs, the selection's table handoff), each
-# into OUT_DIR, each under its own time limit. Run it from the repo
+# --norm-kernel), bench-launch (launch costs, the selection's table handoff) and
+# bench-router (the router over 32 or 64 lanes), each into OUT_DIR, each under its own
+# time limit. Run it from the repo
 # root of a copy whose BUILD_DIR was built elsewhere and carried along with its libraries
 # (../shared/device/README.md's recipe: BUILD_DIR/devlibs).
-# usage: bench/run-box.sh BUILD_DIR OUT_DIR [tests] [moe] [e2e] [fetch] [ktrace] [launch]
+# usage: bench/run-box.sh BUILD_DIR OUT_DIR [tests] [moe] [e2e] [fetch] [ktrace] [launch] [router]
 #        (default: the first four)
 # SKIP_COLD=1 leaves the e2e's cold runs out; PIN=A,B as run-fetch.sh; ROUTING as run-ktrace.sh;
 # KTRACE_FLAGS: the flag sets the kernel trace compares with the build as it is
@@ -32,10 +33,11 @@ for part in $parts; do
     e2e) timeout 420 sh bench/run-moe-e2e.sh "$build" /tmp/sluice-bench-L4 32 64 >"$out/e2e.txt" 2>&1 || rc=1 ;;
     fetch) timeout 300 sh bench/run-fetch.sh "$build" "$out/fetch.md" >"$out/fetch.log" 2>&1 || rc=1 ;;
     launch) timeout 120 "$build/bin/bench-launch" -o "$out/launch.md" >"$out/launch.log" 2>&1 || rc=1 ;;
+    router) timeout 60 "$build/bin/bench-router" -o "$out/router.md" >"$out/router.log" 2>&1 || rc=1 ;;
     ktrace) # shellcheck disable=SC2086 # one word a flag set
         timeout 300 sh bench/run-ktrace.sh "$build" "$out" -- ${KTRACE_FLAGS:---norm-kernel} >"$out/ktrace.log" 2>&1 || rc=1 ;;
     *)
-        echo "run-box.sh: unknown part '$part' (tests, moe, e2e, fetch, ktrace, launch)" >&2
+        echo "run-box.sh: unknown part '$part' (tests, moe, e2e, fetch, ktrace, launch, router)" >&2
         exit 2
         ;;
     esac
