@@ -7,6 +7,7 @@
  *
  * usage: bench-launch [-o FILE.md] [--n N (2000)]
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,8 +35,8 @@ static int handoff_table(FILE *md)
              "\nA table of %d tagged 64-bit words (the selection's, sl_kttab) from one CTA's "
              "stores to the polling CTAs' sight (a warp each, a word a lane, all tagged in one "
              "round), %d launches, us on %%globaltimer (0.256 us grain):\n\n| pollers | sleep "
-             "between rounds, ns | copies | median | p90 | max | gave up |\n|---|---|---|---|---|"
-             "---|---|\n",
+             "between rounds, ns | copies | median | p90 | max | gave up | started after the "
+             "stores |\n|---|---|---|---|---|---|---|---|\n",
              WORDS, REPS);
     fputs(line, stdout);
     if (md) fputs(line, md);
@@ -43,26 +44,28 @@ static int handoff_table(FILE *md)
         const int n = shapes[i].n_poll;
         double *lat = malloc(sizeof *lat * (size_t)n * REPS);
         char msg[256] = "";
-        if (!lat || lb_handoff(n, WORDS, shapes[i].sleep_ns, shapes[i].ncopy, REPS, lat, msg)) {
+        int late = 0;
+        if (!lat ||
+            lb_handoff(n, WORDS, shapes[i].sleep_ns, shapes[i].ncopy, REPS, lat, &late, msg)) {
             fprintf(stderr, "bench-launch: %s\n", lat ? msg : "out of memory");
             free(lat);
             return 1;
         }
         int gave_up = 0, m = 0;
         for (int k = 0; k < n * REPS; k++) {
-            if (lat[k] < 0)
+            if (isnan(lat[k]))
                 gave_up++;
             else
                 lat[m++] = lat[k];
         }
         qsort(lat, (size_t)m, sizeof *lat, cmp_d);
         if (m)
-            snprintf(line, sizeof line, "| %d | %d | %d | %.2f | %.2f | %.2f | %d |\n", n,
+            snprintf(line, sizeof line, "| %d | %d | %d | %.2f | %.2f | %.2f | %d | %d |\n", n,
                      shapes[i].sleep_ns, shapes[i].ncopy, lat[m / 2], lat[m * 9 / 10], lat[m - 1],
-                     gave_up);
+                     gave_up, late);
         else
-            snprintf(line, sizeof line, "| %d | %d | %d | | | | %d |\n", n, shapes[i].sleep_ns,
-                     shapes[i].ncopy, gave_up);
+            snprintf(line, sizeof line, "| %d | %d | %d | | | | %d | %d |\n", n, shapes[i].sleep_ns,
+                     shapes[i].ncopy, gave_up, late);
         free(lat);
         fputs(line, stdout);
         if (md) fputs(line, md);

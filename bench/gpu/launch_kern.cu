@@ -3,6 +3,7 @@
  * programmatic dependent launch (PDL), to measure what a launch costs on the GPU's
  * side and whether a change of L1 / shared-memory split between two kernels adds to it. */
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -46,8 +47,8 @@ __device__ __forceinline__ unsigned long long gtimer()
 }
 
 /* lb_handoff's kernel: CTA 0 writes, the others poll (one warp each). tab holds
- * ncopy tables of 32 words; seen[c - 1] gets poller c's sight, seen[n_poll] the
- * stores' time. */
+ * ncopy tables of 32 words; seen[c - 1] gets poller c's sight (0: it gave up),
+ * seen[n_poll] the stores' time, seen[n_poll + c] poller c's start. */
 __global__ void k_handoff(unsigned long long *tab, unsigned long long *seen, int n_poll, int words,
                           int sleep_ns, int ncopy, unsigned long long tag)
 {
@@ -65,6 +66,7 @@ __global__ void k_handoff(unsigned long long *tab, unsigned long long *seen, int
         if (lane == 0) seen[n_poll] = ts;
         return;
     }
+    if (lane == 0) seen[n_poll + blockIdx.x] = t0;
     const unsigned long long *w = tab + 32 * ((blockIdx.x - 1) % ncopy);
     for (;;) {
         unsigned long long v = tag;
@@ -75,7 +77,7 @@ __global__ void k_handoff(unsigned long long *tab, unsigned long long *seen, int
                          : "memory");
         if (__all_sync(~0u, v == tag)) break;
         if (sleep_ns) __nanosleep(sleep_ns);
-        if (gtimer() - t0 > 2000000ull) {
+        if (__shfl_sync(~0u, (int)(gtimer() - t0 > 2000000ull), 0)) { /* lane 0 decides */
             if (lane == 0) seen[blockIdx.x - 1] = 0;
             return;
         }
@@ -129,9 +131,10 @@ extern "C" int lb_chain(int kind, int n, int pdl, int carve, size_t smem, double
 }
 
 /* lb_handoff's body; tab and seen are the caller's, freed by it. */
-static int handoff(int n_poll, int words, int sleep_ns, int ncopy, int reps, double *lat, char *msg,
-                   unsigned long long **tab, unsigned long long **seen)
+static int handoff(int n_poll, int words, int sleep_ns, int ncopy, int reps, double *lat, int *late,
+                   char *msg, unsigned long long **tab, unsigned long long **seen)
 {
+    *late = 0;
     if (n_poll < 1 || words < 1 || words > 32 || ncopy < 1 || ncopy > 8 || reps < 1) {
         snprintf(msg, 256, "lb_handoff: n_poll %d words %d ncopy %d reps %d", n_poll, words, ncopy,
                  reps);
@@ -139,8 +142,9 @@ static int handoff(int n_poll, int words, int sleep_ns, int ncopy, int reps, dou
     }
     CKB(cudaMalloc(tab, 8 * 32 * 8));
     CKB(cudaMemset(*tab, 0, 8 * 32 * 8));
-    CKB(cudaMalloc(seen, sizeof **seen * (size_t)(n_poll + 1)));
-    unsigned long long *h = (unsigned long long *)malloc(sizeof *h * (size_t)(n_poll + 1));
+    const size_t ns = 2 * (size_t)n_poll + 1;
+    CKB(cudaMalloc(seen, sizeof **seen * ns));
+    unsigned long long *h = (unsigned long long *)malloc(sizeof *h * ns);
     if (!h) {
         snprintf(msg, 256, "lb_handoff: out of memory");
         return -1;
@@ -149,26 +153,28 @@ static int handoff(int n_poll, int words, int sleep_ns, int ncopy, int reps, dou
         k_handoff<<<1 + n_poll, 32>>>(*tab, *seen, n_poll, words, sleep_ns, ncopy,
                                       (unsigned long long)(r + 1) << 4);
         cudaError_t rc = cudaGetLastError();
-        if (rc == cudaSuccess)
-            rc = cudaMemcpy(h, *seen, sizeof *h * (size_t)(n_poll + 1), cudaMemcpyDeviceToHost);
+        if (rc == cudaSuccess) rc = cudaMemcpy(h, *seen, sizeof *h * ns, cudaMemcpyDeviceToHost);
         if (rc != cudaSuccess) {
             free(h);
             snprintf(msg, 256, "k_handoff: %s", cudaGetErrorString(rc));
             return -1;
         }
-        for (int c = 0; c < n_poll; c++)
+        /* the difference in integers first: ns since 1970 are past a double's 53 bits */
+        for (int c = 0; c < n_poll; c++) {
             lat[(size_t)r * n_poll + c] =
-                h[c] ? ((double)h[c] - (double)h[n_poll]) / 1e3 : -1.0; /* 0: gave up */
+                h[c] ? (double)(long long)(h[c] - h[n_poll]) / 1e3 : NAN; /* 0: gave up */
+            *late += h[n_poll + 1 + c] > h[n_poll];
+        }
     }
     free(h);
     return 0;
 }
 
 extern "C" int lb_handoff(int n_poll, int words, int sleep_ns, int ncopy, int reps, double *lat,
-                          char *msg)
+                          int *late, char *msg)
 {
     unsigned long long *tab = NULL, *seen = NULL;
-    const int rc = handoff(n_poll, words, sleep_ns, ncopy, reps, lat, msg, &tab, &seen);
+    const int rc = handoff(n_poll, words, sleep_ns, ncopy, reps, lat, late, msg, &tab, &seen);
     cudaFree(tab);
     cudaFree(seen);
     return rc;

@@ -21,7 +21,8 @@ constexpr int R64_C = 12; /* 16-byte chunks a lane: dim <= 512 R64_C */
 /* Two warps an expert, 4 experts a CTA: warp 2x + h holds expert x's runs 64c + 32h +
  * lane; warp 2x + 1 hands its sums to warp 2x through shared memory (the butterfly's
  * off 32), which finishes as k_router_pf. stamps: [2 * CTA] past the wait, [2 * CTA +
- * 1] the end (thread 0). */
+ * 1] the end (thread 0, once warp 0 has its logit: after the barrier with its partner
+ * warp, where k_router_pf's thread 0 waits for no other warp). */
 __global__ void __launch_bounds__(256)
     k_router64(const uint16_t *__restrict__ w, const uint16_t *__restrict__ x, uint32_t n_expert,
                uint32_t dim, float temp, float *__restrict__ logits, uint8_t *__restrict__ ximg,
