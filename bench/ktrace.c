@@ -184,8 +184,10 @@ int main(int argc, char **argv)
     int order[MAX_NAMES], n_order = 0, seen[MAX_NAMES] = {0};
     for (size_t i = first + 1; i < n; i++) {
         const int k = r[i].name;
-        /* signed: a kernel of another stream may end before the one started before it */
-        delta[k][cnt[k]] = ((double)r[i].end - (double)r[i - 1].end) / 1e3;
+        /* signed: a kernel of another stream may end before the one started before it;
+         * in integers first: the stamps (ns since 1970) are past a double's 53 bits, each
+         * would be rounded to 256 ns (every chain measured until session 18 was) */
+        delta[k][cnt[k]] = (double)(long long)(r[i].end - r[i - 1].end) / 1e3;
         dur[k][cnt[k]++] = (double)(r[i].end - r[i].start) / 1e3;
         if (!seen[k]) {
             seen[k] = 1;
@@ -201,7 +203,7 @@ int main(int argc, char **argv)
         int have = 0;
         for (size_t i = first; i < n; i++) {
             if (strcmp(t.s[r[i].name], period)) continue;
-            if (have) p[m++] = ((double)r[i].end - (double)last) / 1e3;
+            if (have) p[m++] = (double)(long long)(r[i].end - last) / 1e3;
             last = r[i].end;
             have = 1;
         }

@@ -67,6 +67,23 @@ Test(ktrace, from_and_keep_all)
     cr_assert(strstr(out, "| k_t0_set | 1 | -1.80 | 0.10 |"), "%s", out);
 }
 
+/* The GPU's stamps count ns since 1970 (1.8e18, past a double's 53 bits): the times
+ * between two ends must come from the integers, not from two rounded doubles (each
+ * rounded to 256 ns, 45.06 or 45.31 where the chain is 45.123 us). */
+Test(ktrace, epoch_scale_stamps_keep_their_nanoseconds)
+{
+    char cmd[512], out[8192], big[160];
+    snprintf(big, sizeof big, "%s/big.csv", dir);
+    sl_test_write_text(big, "kernel,1796173326169900000,1796173326169911984,7,96,128,_Z6k_betav\n"
+                            "kernel,1796173326169950000,1796173326169957107,7,96,128,_Z6k_betav\n"
+                            "kernel,1796173326169990000,1796173326170002230,7,96,128,_Z6k_betav\n");
+    snprintf(cmd, sizeof cmd, SL_BIN_DIR "/bench-ktrace %s --from 0 --period k_beta", big);
+    cr_assert_eq(sl_test_run(cmd, out, sizeof out), 0, "%s", out);
+    /* ends 45.123 and 45.123 us apart; durations 11.984, 7.107, 12.230 us */
+    cr_assert(strstr(out, "k_beta to k_beta (end to end), median over 2: 45.12 us"), "%s", out);
+    cr_assert(strstr(out, "| k_beta | 2 | 45.12 |"), "%s", out);
+}
+
 Test(ktrace, bad_input_gets_one_clear_line)
 {
     char cmd[512], out[8192], bad[160];

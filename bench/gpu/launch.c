@@ -34,7 +34,7 @@ static int handoff_table(FILE *md)
     snprintf(line, sizeof line,
              "\nA table of %d tagged 64-bit words (the selection's, sl_kttab) from one CTA's "
              "stores to the polling CTAs' sight (a warp each, a word a lane, all tagged in one "
-             "round), %d launches, us on %%globaltimer (0.256 us grain):\n\n| pollers | sleep "
+             "round), %d launches, us on %%globaltimer:\n\n| pollers | sleep "
              "between rounds, ns | copies | median | p90 | max | gave up | started after the "
              "stores |\n|---|---|---|---|---|---|---|---|\n",
              WORDS, REPS);

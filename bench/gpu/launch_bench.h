@@ -24,10 +24,9 @@ int lb_chain(int kind, int n, int pdl, int carve, size_t smem, double *us, char 
  * between rounds (0: none), and notes %globaltimer. ncopy > 1: the writer stores the
  * table ncopy times, 256 bytes apart, and poller c polls copy c % ncopy. reps launches;
  * lat[reps * n_poll] gets each poller's time from the stores to its sight, in us (the
- * clock's grain: 0.256 us on the H200 box, its steps out of phase between SMs, so a
- * quick sight can read slightly negative), or NaN where it gave up after 2 ms; *late
- * counts the pollers that started only after the stores (their time is their start's
- * delay, not the handoff's). */
+ * SMs' clocks may differ by a step, so a quick sight can read slightly negative), or
+ * NaN where it gave up after 2 ms; *late counts the pollers that started only after
+ * the stores (their time is their start's delay, not the handoff's). */
 int lb_handoff(int n_poll, int words, int sleep_ns, int ncopy, int reps, double *lat, int *late,
                char *msg);
 

@@ -205,6 +205,14 @@ static void fused_phases(const unsigned long long *st, const char *name, char *r
              d[n / 2], (double)(last - first) / 1e3, ctas);
 }
 
+/* Microseconds from %globaltimer stamp b to stamp a (either order). The difference is
+ * taken in integers: the stamps count ns since 1970, past a double's 53 bits, so each
+ * would be rounded to 256 ns first (the grain of every layer timeline until session 18). */
+static double us_after(unsigned long long a, unsigned long long b)
+{
+    return (double)(long long)(a - b) / 1e3;
+}
+
 /* One milestone row of stamp_table: over the records that reached `slot` (a unit's
  * slots: those with more than `unit` units), p10 / median / p90 / max of its time
  * from t0, and the median of its time after slot `prev` of the same record. */
@@ -217,7 +225,7 @@ static void stamp_row(const unsigned long long *st, unsigned long long t0, const
         const unsigned long long *s = st + (size_t)r * MB_ST_SLOTS;
         if (!s[30] || (unit >= 0 && s[31] <= (unsigned long long)unit) || !s[slot]) continue;
         v[n] = (double)(s[slot] - t0) / 1e3;
-        d[n] = prev >= 0 && s[prev] ? ((double)s[slot] - (double)s[prev]) / 1e3 : 0.0;
+        d[n] = prev >= 0 && s[prev] ? us_after(s[slot], s[prev]) : 0.0;
         n++;
     }
     if (!n) return;
@@ -270,7 +278,7 @@ static int rec_stats(const unsigned long long *st, int nrec, int stride, int val
     int n = 0;
     for (int r = 0; r < nrec; r++) {
         const unsigned long long *s = st + (size_t)r * stride;
-        if (s[valid] && s[slot]) v[n++] = ((double)s[slot] - (double)t0) / 1e3;
+        if (s[valid] && s[slot]) v[n++] = us_after(s[slot], t0);
     }
     if (!n) return 0;
     qsort(v, n, sizeof *v, cmp_d);
@@ -312,7 +320,7 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
                                                              "table published",
                                                              "end (host's picks written)"};
     for (int k = 0; k <= SL_GPU_RT_SEL_END; k++)
-        if (rt[k]) say("| selection | %s | | %.2f | | 1 |\n", sname[k], ((double)rt[k] - t0) / 1e3);
+        if (rt[k]) say("| selection | %s | | %.2f | | 1 |\n", sname[k], us_after(rt[k], t0));
     static const int slot[5] = {0, 28, 1, 30, 29};
     static const char *const gname[5] = {"entry", "the table read (group 0's warp 0)",
                                          "x and the table landed", "end",

@@ -96,7 +96,7 @@ int main(int argc, char **argv)
     snprintf(line, sizeof line,
              "# bench-router, %s\n\n%u experts x %u (bf16), x's image for the gate/up written "
              "too; %d launches back to back with PDL (us a launch), and the last launch's "
-             "median CTA from past its wait to its end (%%globaltimer, 0.256 us grain).\n\n"
+             "median CTA from past its wait to its end (%%globaltimer).\n\n"
              "| form | logits vs its CPU twin | us a router, back to back | past the wait to "
              "the end, us |\n|---|---|---|---|\n",
              desc, N_EXPERT, DIM, n);
