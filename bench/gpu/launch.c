@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_main.h"
 #include "gpu.h"
 #include "launch_bench.h"
 
@@ -38,8 +39,7 @@ static int handoff_table(FILE *md)
              "between rounds, ns | copies | median | p90 | max | gave up | started after the "
              "stores |\n|---|---|---|---|---|---|---|---|\n",
              WORDS, REPS);
-    fputs(line, stdout);
-    if (md) fputs(line, md);
+    bm_put(md, line);
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         const int n = shapes[i].n_poll;
         double *lat = malloc(sizeof *lat * (size_t)n * REPS);
@@ -67,46 +67,18 @@ static int handoff_table(FILE *md)
             snprintf(line, sizeof line, "| %d | %d | %d | | | | %d | %d |\n", n, shapes[i].sleep_ns,
                      shapes[i].ncopy, gave_up, late);
         free(lat);
-        fputs(line, stdout);
-        if (md) fputs(line, md);
+        bm_put(md, line);
     }
     return 0;
 }
 
 int main(int argc, char **argv)
 {
-    const char *out = NULL;
-    int n = 2000;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-o") && i + 1 < argc)
-            out = argv[++i];
-        else if (!strcmp(argv[i], "--n") && i + 1 < argc)
-            n = atoi(argv[++i]);
-        else {
-            printf("usage: bench-launch [-o FILE.md] [--n N (2000)]\n");
-            return strcmp(argv[i], "--help") ? 2 : 0;
-        }
-    }
-    sl_err err = {0};
-    int ndev = 0;
-    if (sl_gpu_device_count(&ndev, &err)) {
-        fprintf(stderr, "bench-launch: %s\n", err.msg);
-        return 1;
-    }
-    if (ndev == 0) {
-        printf("bench-launch: no GPU present, nothing measured\n");
-        return 0;
-    }
-    FILE *md = out ? fopen(out, "w") : NULL;
-    if (out && !md) {
-        fprintf(stderr, "bench-launch: cannot write %s\n", out);
-        return 1;
-    }
+    int n;
+    FILE *md;
     char desc[256];
-    if (sl_gpu_describe(0, desc, sizeof desc, &err)) {
-        fprintf(stderr, "bench-launch: %s\n", err.msg);
-        return 1;
-    }
+    const int st = bm_open("bench-launch", argc, argv, &n, &md, desc, sizeof desc);
+    if (st >= 0) return st;
     const size_t smem = 115 * 1024;
     char line[512];
     snprintf(line, sizeof line,
@@ -114,8 +86,7 @@ int main(int argc, char **argv)
              "an SM; the large kernel holds %zu KB of dynamic shared memory.\n\n| kernels | PDL | "
              "carveout | us a launch |\n|---|---|---|---|\n",
              desc, n, smem / 1024);
-    fputs(line, stdout);
-    if (md) fputs(line, md);
+    bm_put(md, line);
     static const char *kinds[] = {"empty", "115 KB shared", "empty and 115 KB in turn"};
     static const int carves[2] = {-1, 100}; /* the driver's choice, the most shared memory */
     for (int pdl = 0; pdl <= 1; pdl++)
@@ -130,8 +101,7 @@ int main(int argc, char **argv)
                 }
                 snprintf(line, sizeof line, "| %s | %s | %s | %.2f |\n", kinds[k],
                          pdl ? "yes" : "no", carve < 0 ? "driver's" : "100% shared", us);
-                fputs(line, stdout);
-                if (md) fputs(line, md);
+                bm_put(md, line);
             }
     if (handoff_table(md)) return 1;
     if (md) fclose(md);

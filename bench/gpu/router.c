@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_main.h"
 #include "gpu.h"
 #include "quant.h"
 #include "router.h"
@@ -48,37 +49,16 @@ static float urand(void)
 
 int main(int argc, char **argv)
 {
-    const char *out = NULL;
-    int n = 2000;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-o") && i + 1 < argc)
-            out = argv[++i];
-        else if (!strcmp(argv[i], "--n") && i + 1 < argc)
-            n = atoi(argv[++i]);
-        else {
-            printf("usage: bench-router [-o FILE.md] [--n N (2000)]\n");
-            return strcmp(argv[i], "--help") ? 2 : 0;
-        }
-    }
+    int n;
+    FILE *md;
+    char desc[256];
+    const int st = bm_open("bench-router", argc, argv, &n, &md, desc, sizeof desc);
+    if (st >= 0) return st;
     if (n < 1) {
         fprintf(stderr, "bench-router: --n %d (at least 1)\n", n);
         return 2;
     }
     sl_err err = {0};
-    int ndev = 0;
-    if (sl_gpu_device_count(&ndev, &err)) {
-        fprintf(stderr, "bench-router: %s\n", err.msg);
-        return 1;
-    }
-    if (ndev == 0) {
-        printf("bench-router: no GPU present, nothing measured\n");
-        return 0;
-    }
-    char desc[256];
-    if (sl_gpu_describe(0, desc, sizeof desc, &err)) {
-        fprintf(stderr, "bench-router: %s\n", err.msg);
-        return 1;
-    }
     uint16_t *x = malloc(sizeof *x * DIM), *w = malloc(sizeof *w * DIM * N_EXPERT);
     float *want = malloc(sizeof *want * N_EXPERT), *got = malloc(sizeof *got * N_EXPERT);
     if (!x || !w || !want || !got) {
@@ -87,11 +67,6 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < DIM; i++) x[i] = sl_f32_to_bf16(2.0f * urand() - 1.0f);
     for (int i = 0; i < DIM * N_EXPERT; i++) w[i] = sl_f32_to_bf16(0.04f * (urand() - 0.5f));
-    FILE *md = out ? fopen(out, "w") : NULL;
-    if (out && !md) {
-        fprintf(stderr, "bench-router: cannot write %s\n", out);
-        return 1;
-    }
     char line[1024];
     snprintf(line, sizeof line,
              "# bench-router, %s\n\n%u experts x %u (bf16), x's image for the gate/up written "
@@ -100,8 +75,7 @@ int main(int argc, char **argv)
              "| form | logits vs its CPU twin | us a router, back to back | past the wait to "
              "the end, us |\n|---|---|---|---|\n",
              desc, N_EXPERT, DIM, n);
-    fputs(line, stdout);
-    if (md) fputs(line, md);
+    bm_put(md, line);
     static const char *names[2] = {"compute/'s: one warp an expert, 32 lanes (router.h)",
                                    "two warps an expert, 64 lanes (sandbox)"};
     int rc = 0;
@@ -128,8 +102,7 @@ int main(int argc, char **argv)
         if (bad)
             fprintf(stderr, "bench-router: %s: %d of %d logits differ from the CPU twin\n",
                     names[f], bad, N_EXPERT);
-        fputs(line, stdout);
-        if (md) fputs(line, md);
+        bm_put(md, line);
     }
     if (md) fclose(md);
     free(x);
