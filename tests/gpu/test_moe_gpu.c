@@ -218,14 +218,33 @@ Test(moe_gpu, embed_q2_k_bit_exact)
     free(got);
 }
 
+/* Values whose bf16 roundings are the hard cases, among random ones: every 8th pair
+ * subnormal (their sum and the normed x then round as subnormals), the next a sum
+ * exactly halfway between two bf16 values (ties to even, both ways), the next a sum
+ * that only sticky bits separate from a tie. */
+static void edge_bf16(uint16_t *h, uint16_t *y, uint32_t n)
+{
+    for (uint32_t i = 0; i + 3 < n; i += 8) {
+        const uint16_t sign = (uint16_t)(rnd() & 0x8000u);
+        h[i + 1] = (uint16_t)(sign | (1 + rnd() % 0x7f));
+        y[i + 1] = (uint16_t)((rnd() & 0x8000u) | (1 + rnd() % 0x7f));
+        const uint16_t e = (uint16_t)(120 + rnd() % 12), m = (uint16_t)(rnd() % 128);
+        h[i + 2] = (uint16_t)(e << 7 | m);                       /* (1 + m / 128) 2^(e - 127) */
+        y[i + 2] = (uint16_t)((rnd() & 0x8000u) | (e - 8) << 7); /* half its ulp, either sign */
+        h[i + 3] = (uint16_t)(e << 7 | m);
+        y[i + 3] = (uint16_t)((e - 8) << 7 | (1 + rnd() % 127)); /* just past half an ulp */
+    }
+}
+
 /* Residual + ffn_norm: kernel vs sl_emu_residual_norm, bit for bit, with and without
- * the residual and the norm. */
+ * the residual and the norm (edge_bf16's values among the random ones). */
 static void check_residual_norm(uint32_t dim)
 {
     sl_moe_shape s = make_shape(dim, 256, 2, 0);
     sl_err err = {0};
     sl_gpu_ctx *c = open_gpu(&s);
     uint16_t *h = rand_bf16(dim, 4.0f), *y = rand_bf16(dim, 2.0f), *x = malloc(dim * 2);
+    edge_bf16(h, y, dim);
     uint16_t *gh = malloc(dim * 2), *gx = malloc(dim * 2);
     float *w = malloc(dim * sizeof(float));
     for (uint32_t i = 0; i < dim; i++) w[i] = 0.5f + sl_bf16_to_f32(y[(i * 7) % dim]) * 0.25f;
@@ -272,7 +291,8 @@ Test(moe_gpu, residual_norm_bit_exact)
 
 /* The residual and the norm inside the router (sl_gpu_route_start_norm): x, the new
  * residual (in the other buffer; h untouched) and the picks are the bits of
- * sl_emu_residual_norm then router.c, with and without the residual; at 5120 the
+ * sl_emu_residual_norm then router.c, with and without the residual (edge_bf16's
+ * values among the random ones); at 5120 the
  * router's CTAs compute the norm, at 8192 a norm kernel runs before the router. */
 static void check_route_norm(uint32_t dim)
 {
@@ -282,6 +302,7 @@ static void check_route_norm(uint32_t dim)
     const uint32_t ne = s.n_expert;
     uint16_t *h = rand_bf16(dim, 4.0f), *y = rand_bf16(dim, 2.0f), *hh = malloc(dim * 2);
     uint16_t *x = malloc(dim * 2), *gh = malloc(dim * 2), *gx = malloc(dim * 2);
+    edge_bf16(h, y, dim);
     uint16_t *rw = rand_bf16((uint64_t)ne * dim, 0.05f);
     float *w = malloc(dim * sizeof(float)), *bias = malloc(sizeof(float) * ne);
     float *logits = malloc(sizeof(float) * ne);
