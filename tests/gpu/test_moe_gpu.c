@@ -219,9 +219,9 @@ Test(moe_gpu, embed_q2_k_bit_exact)
 }
 
 /* Values whose bf16 roundings are the hard cases, among random ones: every 8th pair
- * subnormal (their sum and the normed x then round as subnormals), the next a sum
- * exactly halfway between two bf16 values (ties to even, both ways), the next a sum
- * that only sticky bits separate from a tie. */
+ * subnormal (their sum is exact, but the normed x of such an h rounds as a subnormal),
+ * the next a sum exactly halfway between two bf16 values (ties to even, both ways), the
+ * next a sum that only sticky bits separate from a tie. */
 static void edge_bf16(uint16_t *h, uint16_t *y, uint32_t n)
 {
     for (uint32_t i = 0; i + 3 < n; i += 8) {
@@ -292,8 +292,8 @@ Test(moe_gpu, residual_norm_bit_exact)
 /* The residual and the norm inside the router (sl_gpu_route_start_norm): x, the new
  * residual (in the other buffer; h untouched) and the picks are the bits of
  * sl_emu_residual_norm then router.c, with and without the residual (edge_bf16's
- * values among the random ones); at 5120 the
- * router's CTAs compute the norm, at 8192 a norm kernel runs before the router. */
+ * values among the random ones); at 5120 the router's CTAs compute the norm, at 8192 a
+ * norm kernel runs before the router. */
 static void check_route_norm(uint32_t dim)
 {
     sl_moe_shape s = make_shape(dim, 256, 6, 0);
