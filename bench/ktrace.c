@@ -10,7 +10,7 @@
  * --from F: the records from this fraction of the run on (default 0.5: the steady
  * state). Kernels are named by the first length-prefixed identifier of their mangled
  * name that starts with "k_" (k_router_pf, k_down_pt_q3_k), else by the name as
- * written. The device tier's fills (k_pack_q3_k, k_t0_set) are left out unless
+ * written. The device tier's fills (k_pack_q3_k_tb, k_t0_set) are left out unless
  * --keep-all; copies (memcpy records) always are.
  */
 #include <ctype.h>
@@ -126,7 +126,7 @@ static size_t read_trace(const char *path, int keep_all, names *t, rec **out)
         nm[strcspn(nm, "\r\n")] = '\0';
         char sn[NAME_MAX_LEN];
         short_name(nm, sn);
-        if (!keep_all && (!strcmp(sn, "k_pack_q3_k") || !strcmp(sn, "k_t0_set"))) continue;
+        if (!keep_all && (!strcmp(sn, "k_pack_q3_k_tb") || !strcmp(sn, "k_t0_set"))) continue;
         if (n == cap) {
             cap *= 2;
             rec *g = realloc(r, cap * sizeof *r);

@@ -60,7 +60,7 @@ typedef struct t0_tier {
     uint8_t *base; /* device memory, n_slot * slot_bytes */
     uint64_t slot_bytes;
     uint64_t down_off; /* a slot: T1's gate and up regions as they are, then at down_off the
-                        * down in packed blocks (gpu.h: sl_gpu_upload_down) */
+                        * down tiled (gpu.h: sl_gpu_upload_down) */
     sl_t0cache cache;
 #ifdef SL_HAVE_CUDA
     /* The same table on the device, for routing there (gpu.h): an entry per (layer,
@@ -563,7 +563,7 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
                                   blocks_bytes(c->shape.sh_up_type, m->dim, m->moe_inter),
                                   blocks_bytes(c->shape.sh_down_type, m->moe_inter, m->dim)};
     *resident = 0;
-    /* a Q3_K down goes to the device in packed blocks (gpu.h) */
+    /* a Q3_K down goes to the device tiled (gpu.h) */
     const int sh_pk = c->shape.sh_down_type == SL_QTYPE_Q3_K;
     const uint64_t sh_dev[3] = {sh_bytes[0], sh_bytes[1],
                                 sh_pk ? sl_gpu_packed_bytes(sh_bytes[2]) : sh_bytes[2]};
@@ -622,7 +622,7 @@ static int gpu_open(sl_compute *c, uint64_t *resident, sl_err *err)
     pl->resident = *resident;
     t0_tier *t = &c->t0;
     uint64_t n_ent = (uint64_t)m->n_layer * m->n_expert;
-    /* a T0 slot: T1's slot with its down region packed (a little longer) */
+    /* a T0 slot: T1's slot with its down region tiled (a little longer) */
     const sl_slot_layout *lay = &c->map->layout;
     t->down_off = lay->part_offset[SL_EXPERT_DOWN];
     t->slot_bytes = t->down_off + sl_gpu_packed_bytes(c->map->part_bytes[SL_EXPERT_DOWN]);
@@ -774,7 +774,7 @@ static int t0_table_note(sl_compute *c, uint32_t index, sl_gpu_t0e value, sl_err
 
 /* Puts expert e of layer l (bytes at host_slot, a pinned arena slot) into a free or
  * evicted T0 slot: its gate and up regions copied as they are, its down copied raw into
- * a stage and packed at down_off (t0_tier), both on the copy stream, the packing on the
+ * a stage and tiled at down_off (t0_tier), both on the copy stream, the tiling on the
  * main stream before the next work that reads it (gpu.h); returns the slot, or NO_SLOT
  * when every slot is in use this layer or the admission (--t0-admit freq) leaves the
  * expert in T1, to be read in place. */
@@ -976,7 +976,7 @@ int sl_compute_open(sl_compute **out, const sl_compute_options *o, sl_err *err)
         same_parts &= w->part_off[p] == c->map->layout.part_offset[p];
     if (w->slot_bytes != c->map->layout.slot_bytes || !same_parts) {
         /* T0 slots are laid out from this build's layout (t0_tier: the parts before the
-         * down copied as they are, the down packed at its region's start). */
+         * down copied as they are, the down tiled at its region's start). */
         rc = sl_err_set(err, SL_EMISMATCH,
                         "the fetcher's slots (%" PRIu64 " bytes, down region at %" PRIu64
                         ") differ from this build's (%" PRIu64 " bytes, down at %" PRIu64

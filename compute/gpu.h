@@ -80,19 +80,20 @@ void sl_gpu_free(sl_gpu_ctx *ctx, void *dev);
 int sl_gpu_upload(sl_gpu_ctx *ctx, void *dev, const void *host, size_t bytes, sl_err *err);
 int sl_gpu_download(sl_gpu_ctx *ctx, void *host, const void *dev, size_t bytes, sl_err *err);
 
-/* Q3_K down projections in device memory are kept in packed blocks (SL_Q3K_PACKED
- * bytes: the GGUF block, then 2 zero bytes), so that the down kernel reads every block
- * 16-byte aligned; in registered host memory (T1, zero-copy) they stay raw. The MoE
- * calls below take a Q3_K down in device memory as packed and one in host memory as
- * raw: put every device copy there with these (a raw device copy computes garbage).
- * sl_gpu_packed_bytes: the device bytes of raw_bytes of Q3_K blocks. upload_down:
- * packs raw_bytes (a multiple of 110) from host into dev (16-byte aligned), waiting;
+/* Q3_K down projections in device memory are kept in the tiled layout (SL_Q3K_TB,
+ * moe_emu.h: each block of 8 consecutive rows in 896 bytes, laid out for the down
+ * kernel's lanes, as long as 8 blocks of 112 bytes); in registered host memory (T1,
+ * zero-copy) they stay raw. The MoE calls below take a Q3_K down in device memory as
+ * tiled and one in host memory as raw: put every device copy there with these (a raw
+ * device copy computes garbage). sl_gpu_packed_bytes: the device bytes of raw_bytes of
+ * Q3_K blocks. upload_down: tiles raw_bytes (whole 8-row tiles of the context's down
+ * rows, inter / 256 blocks a row) from host into dev (16-byte aligned), waiting;
  * upload_down_async: the same, at most one down of the context's shape, under
  * sl_gpu_upload_async's rules (host pinned or registered): the copy stream brings the
- * raw blocks into one of a few stages allocated at open, and the main stream packs them
- * (sl_emu_pack_q3_k's bytes) when sl_gpu_moe_part, sl_gpu_moe_finish,
+ * raw blocks into one of a few stages allocated at open, and the main stream tiles them
+ * (sl_emu_pack_q3_k_tb's bytes) when sl_gpu_moe_part, sl_gpu_moe_finish,
  * sl_gpu_route_start, sl_gpu_upload_down or sl_gpu_sync next waits for the copies, so
- * that the packing waits for no SM a kernel holds; a stage is reused once its packing
+ * that the tiling waits for no SM a kernel holds; a stage is reused once its tiling
  * has run. */
 uint64_t sl_gpu_packed_bytes(uint64_t raw_bytes);
 int sl_gpu_upload_down(sl_gpu_ctx *ctx, void *dev, const void *host, uint64_t raw_bytes,

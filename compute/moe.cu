@@ -23,27 +23,26 @@
  * (bench/results/2026-11-30-moe.md). Weights in mapped host memory (the zero-copy
  * path): run 4's register-staged kernels, which keep >= 0.9 of the PCIe ceiling
  * (bench/results/2026-11-29-moe.md). */
-#define GU_NW    8     /* warps per CTA, register-staged gate/up */
-#define GU_PF    true  /* prefetch the next row pair */
-#define GU_MINB  1     /* __launch_bounds__ min CTAs per SM, gate/up */
-#define BF_NW    8     /* BF16 shared expert and the plain router */
-#define RT_NW    4     /* warps (experts) per CTA, prefetching router */
-#define DN_T     1     /* 4-row tiles per CTA, register-staged down */
-#define GT_NG    2     /* warp groups per CTA, bulk-copy gate/up (2 CTAs an SM) */
-#define GT_NW    4     /* warps per group, bulk-copy gate/up */
-#define GT_TR    8     /* rows of gate (and of up) per stage */
-#define GT_ST    4     /* stages in flight per CTA (2 per group) */
-#define GT_STG   1     /* host-table gate/up: one stage a group first, the rest once it landed */
-#define GT_QH    3     /* host-table gate/ups write h's q8_1 (3: a group's 32 rows; 0: not) */
-#define GTD_QH   4     /* the device-table gate/up's (4: a CTA's 32 rows, its two groups) */
-#define DP_LPR   4     /* lanes per row (k_dot2_q3_k), bulk-copy down */
-#define DP_TD    8     /* output rows per tile (stage), bulk-copy down */
-#define DP_ST    2     /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
-#define DP_NG    2     /* warp groups per CTA, persistent bulk-copy down */
-#define DP_UNR   2     /* packed down: two blocks' chains interleaved, 2 CTAs an SM kept */
-#define DP_SPLIT false /* packed down: a CTA's odd last tile alone (shared: a bench variant) */
-#define PK_RING  4     /* stages of Q3_K downs between the copy and their packing */
-#define RT_C     24    /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
+#define GU_NW   8    /* warps per CTA, register-staged gate/up */
+#define GU_PF   true /* prefetch the next row pair */
+#define GU_MINB 1    /* __launch_bounds__ min CTAs per SM, gate/up */
+#define BF_NW   8    /* BF16 shared expert and the plain router */
+#define RT_NW   4    /* warps (experts) per CTA, prefetching router */
+#define DN_T    1    /* 4-row tiles per CTA, register-staged down */
+#define GT_NG   2    /* warp groups per CTA, bulk-copy gate/up (2 CTAs an SM) */
+#define GT_NW   4    /* warps per group, bulk-copy gate/up */
+#define GT_TR   8    /* rows of gate (and of up) per stage */
+#define GT_ST   4    /* stages in flight per CTA (2 per group) */
+#define GT_STG  1    /* host-table gate/up: one stage a group first, the rest once it landed */
+#define GT_QH   3    /* host-table gate/ups write h's q8_1 (3: a group's 32 rows; 0: not) */
+#define GTD_QH  4    /* the device-table gate/up's (4: a CTA's 32 rows, its two groups) */
+#define DP_LPR  4    /* lanes per row (raw blocks: k_dot2_q3_k), bulk-copy down */
+#define DP_TD   8    /* output rows per tile (stage), bulk-copy down */
+#define DP_ST   2    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
+#define DP_NG   2    /* warp groups per CTA, persistent bulk-copy down */
+#define DP_UNR  1    /* tiled down: a block at a time (bench: 2 and 3 interleaved lost) */
+#define PK_RING 4    /* stages of Q3_K downs between the copy and their packing */
+#define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
@@ -89,7 +88,7 @@ struct sl_gpu_ctx {
     struct {
         uint32_t ring;
         uint8_t *dst;
-        uint64_t n;     /* blocks */
+        uint64_t n;     /* 8-row tiles */
     } pk_wait[PK_RING]; /* copied, not packed yet: the last n_pk_wait stages taken */
     uint32_t n_pk_wait;
     uint32_t pk_next; /* the stage the next upload takes, mod PK_RING */
@@ -175,9 +174,11 @@ static cudaError_t join_copies(sl_gpu_ctx *c)
     uint32_t i = 0;
     for (; i < c->n_pk_wait && rc == cudaSuccess; i++) {
         const uint32_t r = c->pk_wait[i].ring;
-        const uint64_t words = c->pk_wait[i].n * (SL_Q3K_PACKED / 4);
-        rc = k_launch(k_pack_q3_k, (uint32_t)((words + 255) / 256), 256, 0, c->main, false,
-                      (const uint8_t *)c->pk[r].buf, c->pk_wait[i].n, c->pk_wait[i].dst);
+        const uint32_t nb = c->shape.inter / 256;
+        const uint64_t words = c->pk_wait[i].n * nb * (SL_Q3K_TB / 4);
+        rc = k_launch(k_pack_q3_k_tb, (uint32_t)((words + 255) / 256), 256, 0, c->main, false,
+                      (const uint8_t *)c->pk[r].buf, (uint32_t)c->pk_wait[i].n, nb,
+                      c->pk_wait[i].dst);
         if (rc == cudaSuccess) rc = cudaEventRecord(c->pk[r].done, c->main);
         if (rc != cudaSuccess) break;
         c->pk[r].recorded = 1;
@@ -258,18 +259,18 @@ static int gt_qh_for(const sl_gpu_ctx *c, int n)
     return 2 * chunks >= (uint32_t)(c->gt_occ * c->n_sm * GT_NG) ? c->gt_qh : 0;
 }
 
-/* The bulk-copy down on packed blocks (device memory), recording milestones or not; raw:
+/* The bulk-copy down on tiled downs (device memory), recording milestones or not; raw:
  * on raw GGUF blocks (a down in host memory after sl_gpu_moe_down_early), no milestones. */
-static decltype(&k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, DP_TD * DP_LPR == 32, false,
-                                SL_Q3K_PACKED, DP_UNR, DP_SPLIT>)
+static decltype(&k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, true, false, SL_Q3K_PACKED, DP_UNR,
+                                false, true>)
 dp_kernel(bool stamp, bool raw = false)
 {
-    constexpr bool EI = DP_TD * DP_LPR == 32;
-    if (raw) return k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, false, 110>;
-    return stamp ? k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, true, SL_Q3K_PACKED, DP_UNR,
-                                  DP_SPLIT>
-                 : k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, EI, false, SL_Q3K_PACKED, DP_UNR,
-                                  DP_SPLIT>;
+    static_assert(DP_TD * DP_LPR == 32, "a warp an expert's tile (early refill; tiled layout)");
+    if (raw) return k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, true, false, 110>;
+    return stamp ? k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, true, true, SL_Q3K_PACKED, DP_UNR,
+                                  false, true>
+                 : k_down_pt_q3_k<DP_LPR, DP_TD, DP_ST, DP_NG, true, false, SL_Q3K_PACKED, DP_UNR,
+                                  false, true>;
 }
 
 /* The bulk-copy down's grid for n experts: persistent (ST > 1), as many CTAs as fit;
@@ -502,6 +503,7 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         c->gtd_qh = GTD_QH;
         c->gt_ok = c->gt_occ >= 1;
     }
+    /* tiled downs: a tile as long as in 112-byte packed blocks (moe_emu.h) */
     const size_t dt_smem = k_dpt_smem(SL_GPU_MAX_USED, inter, DP_TD, DP_ST, SL_Q3K_PACKED);
     if (dt_smem + 2048 <= (size_t)optin) {         /* + its static arrays */
         for (int n = 1; n <= SL_GPU_MAX_USED; n++) /* the last sets the largest limit */
@@ -651,7 +653,7 @@ extern "C" int sl_gpu_open(sl_gpu_ctx **out, int dev, const sl_moe_shape *s, sl_
     c->shape = *s;
     c->sh_bf16 = sh_bf;
     const uint32_t gu_chunks = (s->dim / 256 * 84 + 30) / 16,
-                   dn_chunks = (4 * (s->inter / 256 * SL_Q3K_PACKED) + 30) / 16; /* either */
+                   dn_chunks = (4 * (s->inter / 256 * 110) + 30) / 16; /* raw, staged */
     c->gu_maxv = gu_chunks <= 128 ? 4 : 8;
     c->dn_maxv = dn_chunks <= 256 ? 8 : 16;
     const int rc = open_inner(c, err);
@@ -1326,17 +1328,23 @@ extern "C" int sl_gpu_upload_async(sl_gpu_ctx *c, void *dev, const void *host, s
 
 extern "C" uint64_t sl_gpu_packed_bytes(uint64_t raw_bytes)
 {
-    return raw_bytes / 110 * SL_Q3K_PACKED;
+    return raw_bytes / 110 * (SL_Q3K_TB / 8);
 }
 
-/* The checks of both uploads of a Q3_K down. */
-static int check_down(const void *dev, const void *host, uint64_t raw_bytes, const char *fn,
-                      sl_err *err)
+/* The checks of both uploads of a Q3_K down (rows of the context's inter). */
+static int check_down(const sl_gpu_ctx *c, const void *dev, const void *host, uint64_t raw_bytes,
+                      const char *fn, sl_err *err)
 {
     if (!dev || !host) return sl_err_set(err, SL_EINVAL, "%s: NULL argument", fn);
     if (!raw_bytes || raw_bytes % 110)
         return sl_err_set(err, SL_EINVAL, "%s: %llu bytes are not whole Q3_K blocks (110 each)", fn,
                           (unsigned long long)raw_bytes);
+    const uint64_t tile = 8ull * (c->shape.inter / 256) * 110;
+    if (raw_bytes % tile)
+        return sl_err_set(err, SL_EINVAL,
+                          "%s: %llu bytes are not whole 8-row tiles of the context's down rows "
+                          "(%llu bytes each)",
+                          fn, (unsigned long long)raw_bytes, (unsigned long long)tile);
     if ((uintptr_t)dev & 15)
         return sl_err_set(err, SL_EINVAL, "%s: device address %p is not 16-byte aligned", fn, dev);
     return 0;
@@ -1353,7 +1361,7 @@ static int upload_down(sl_gpu_ctx *c, void *dev, const void *host, uint64_t raw_
     if (rc) return rc;
     c->pk_wait[c->n_pk_wait].ring = r;
     c->pk_wait[c->n_pk_wait].dst = (uint8_t *)dev;
-    c->pk_wait[c->n_pk_wait].n = raw_bytes / 110;
+    c->pk_wait[c->n_pk_wait].n = raw_bytes / (8ull * (c->shape.inter / 256) * 110);
     c->n_pk_wait++;
     c->pk_next++;
     return 0;
@@ -1363,7 +1371,7 @@ extern "C" int sl_gpu_upload_down_async(sl_gpu_ctx *c, void *dev, const void *ho
                                         uint64_t raw_bytes, sl_err *err)
 {
     if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_upload_down_async: NULL context");
-    int rc = check_down(dev, host, raw_bytes, "sl_gpu_upload_down_async", err);
+    int rc = check_down(c, dev, host, raw_bytes, "sl_gpu_upload_down_async", err);
     if (rc) return rc;
     if (raw_bytes > c->pk_cap)
         return sl_err_set(err, SL_EINVAL,
@@ -1377,12 +1385,13 @@ extern "C" int sl_gpu_upload_down(sl_gpu_ctx *c, void *dev, const void *host, ui
                                   sl_err *err)
 {
     if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_upload_down: NULL context");
-    int rc = check_down(dev, host, raw_bytes, "sl_gpu_upload_down", err);
+    int rc = check_down(c, dev, host, raw_bytes, "sl_gpu_upload_down", err);
     if (rc) return rc;
-    const uint64_t n = raw_bytes / 110, per = c->pk_cap / 110; /* blocks: all, a stage's */
-    for (uint64_t b = 0; b < n && !rc; b += per)               /* a stage's worth at a time */
-        rc = upload_down(c, (uint8_t *)dev + b * SL_Q3K_PACKED, (const uint8_t *)host + b * 110,
-                         (n - b < per ? n - b : per) * 110, err);
+    const uint64_t nb = c->shape.inter / 256, tile = 8 * nb * 110; /* raw bytes of a tile */
+    const uint64_t n = raw_bytes / tile, per = c->pk_cap / tile;   /* tiles: all, a stage's */
+    for (uint64_t t = 0; t < n && !rc; t += per)                   /* a stage's worth at a time */
+        rc = upload_down(c, (uint8_t *)dev + t * nb * SL_Q3K_TB, (const uint8_t *)host + t * tile,
+                         (n - t < per ? n - t : per) * tile, err);
     if (rc) return rc;
     CK(join_copies(c), "pack the down");
     CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(upload_down)");

@@ -292,6 +292,84 @@ void sl_emu_pack_q3_k(const uint8_t *src, uint64_t n, uint8_t *dst)
     }
 }
 
+void sl_emu_pack_q3_k_tb(const uint8_t *src, uint32_t rows, uint32_t nb, uint8_t *dst)
+{
+    for (uint32_t i = 0; i < rows / 8; i++)
+        for (uint32_t b = 0; b < nb; b++) {
+            uint8_t *tb = dst + ((size_t)i * nb + b) * SL_Q3K_TB;
+            memset(tb, 0, SL_Q3K_TB);
+            for (int m = 0; m < 8; m++) {
+                const uint8_t *blk = src + ((size_t)(8 * i + m) * nb + b) * 110;
+                for (int g = 0; g < 8; g++)
+                    for (int k = 0; k < 32; k++) {
+                        const int at = 128 * (k >> 4) + 16 * g + (k & 15);
+                        const int lo = (blk[32 + 32 * (g >> 2) + k] >> (2 * (g & 3))) & 3;
+                        tb[256 * (m >> 2) + at] |= (uint8_t)(lo << (2 * (m & 3)));
+                        tb[512 + at] |= (uint8_t)(((blk[k] >> g) & 1) << m);
+                    }
+                tb[864 + 2 * m] = blk[108];
+                tb[865 + 2 * m] = blk[109];
+            }
+            for (int l = 0; l < 32; l++) {
+                const int p = l >> 3, g = l & 7;
+                uint32_t z = 0;
+                for (int q = 0; q < 4; q++) { /* row 2p + q / 2, sub-block 2g + q % 2 */
+                    const uint8_t *sc = src + ((size_t)(8 * i + 2 * p + q / 2) * nb + b) * 110 + 96;
+                    z |= (uint32_t)(q3_k_scale(sc, 2 * g + q % 2) + 32) << (6 * q);
+                }
+                tb[768 + 2 * l] = (uint8_t)z;
+                tb[769 + 2 * l] = (uint8_t)(z >> 8);
+                tb[832 + l] = (uint8_t)(z >> 16);
+            }
+        }
+}
+
+/* dp4a with an unsigned first operand (the kernels' k_dp4a_us) */
+static int dp4a_us(uint32_t a, uint32_t b, int c)
+{
+    for (int k = 0; k < 4; k++) c += (int)((a >> (8 * k)) & 255) * (int)(int8_t)(b >> (8 * k));
+    return c;
+}
+
+static uint32_t rd32(const void *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+float sl_emu_dot_q3_k_tb(const uint8_t *tile, uint32_t r, uint32_t nb, const sl_emu_act *act)
+{
+    const uint32_t p = r >> 1, rr = r & 1;
+    const int lsh = (int)(4 * (p & 1) + 2 * rr), hsh = (int)r; /* the row's fields */
+    const uint32_t ml = 0x03030303u << lsh, mh = 0x01010101u << hsh;
+    float acc[8];
+    for (int g = 0; g < 8; g++) { /* lane 8p + g */
+        acc[g] = 0.0f;
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *tb = tile + (size_t)b * SL_Q3K_TB;
+            const int8_t *a = act->qs + 256 * b + 32 * g;
+            int c[2];
+            for (int v = 0; v < 2; v++) {
+                int lo = 0, hi = 0;
+                for (int u = 0; u < 4; u++) {
+                    const uint32_t aw = rd32(a + 16 * v + 4 * u);
+                    const int at = 128 * v + 16 * g + 4 * u;
+                    lo = dp4a_us(rd32(tb + 256 * (p >> 1) + at) & ml, aw, lo);
+                    hi = dp4a_us(~rd32(tb + 512 + at) & mh, aw, hi);
+                }
+                c[v] = lo / (1 << lsh) - 4 * (hi / (1 << hsh)); /* exact multiples */
+            }
+            const uint32_t l = 8 * p + g;
+            const uint32_t z =
+                (tb[768 + 2 * l] | tb[769 + 2 * l] << 8 | tb[832 + l] << 16) >> (12 * rr);
+            const int isum = ((int)(z & 63) - 32) * c[0] + ((int)((z >> 6) & 63) - 32) * c[1];
+            acc[g] = sl_emu_q3_k_step(acc[g], f16_at(tb + 864 + 2 * r), isum, act->d[8 * b + g]);
+        }
+    }
+    return butterfly(acc, 8);
+}
+
 void sl_emu_embed_q2_k(const uint8_t *row, uint32_t dim, uint16_t *out)
 {
     for (uint32_t i = 0; i < dim; i++)

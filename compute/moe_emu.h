@@ -284,16 +284,41 @@ void sl_emu_embed_q2_k(const uint8_t *row, uint32_t dim, uint16_t *out);
 void sl_emu_residual_norm(uint32_t dim, uint16_t *h, const uint16_t *y, const float *w, float eps,
                           uint16_t *x);
 
-/* The packed Q3_K block of device-resident down projections: the 110 bytes of a GGUF
- * block (hmask, qs, scales, d) then 2 zero bytes, so that every block starts 16-byte
- * aligned (a 2304-wide row: 9 blocks, 1008 bytes instead of 990) and the down kernel
- * reads its words without realigning them. The values are the same; only the layout
- * differs. */
+/* The packed Q3_K block, the device layout of downs in sessions 11-20 (the bench
+ * sandbox's variants keep it): the 110 bytes of a GGUF block (hmask, qs, scales, d)
+ * then 2 zero bytes, so that every block starts 16-byte aligned (a 2304-wide row: 9
+ * blocks, 1008 bytes instead of 990). */
 #define SL_Q3K_PACKED 112
 
 /* Packs n Q3_K blocks from src (raw, 110 bytes each) into dst (SL_Q3K_PACKED bytes
- * each); sl_gpu_pack_q3_k's bytes. */
+ * each). */
 void sl_emu_pack_q3_k(const uint8_t *src, uint64_t n, uint8_t *dst);
+
+/* The tiled Q3_K layout, the device layout of downs (gpu.h: sl_gpu_upload_down): block
+ * b of the 8 rows 8i .. 8i + 7 in SL_Q3K_TB bytes at (i * nb + b) * SL_Q3K_TB, so that
+ * an 8-row tile is as long as in packed blocks (8 * nb * SL_Q3K_PACKED). Made for the
+ * down kernel's warp, whose lane 8p + g takes group g (32 weights) of rows 2p and 2p + 1:
+ * the lane loads its group's activation once for both rows (k_dot_tb_q3_k).
+ * Position i of group g is (v, u, t) = (i / 16, i / 4 % 4, i % 4):
+ *   lo   [0, 512):   byte 256 (m / 4) + 128 v + 16 g + 4 u + t holds the 2-bit low
+ *                    fields of rows 4 (m / 4) .. + 3 at bits 2 (m % 4);
+ *   hi   [512, 768): byte 512 + 128 v + 16 g + 4 u + t holds the high bits of the 8
+ *                    rows, row m at bit m;
+ *   sc   [768, 864): lane l = 8p + g's 24 bits z = the 6-bit scales of sub-blocks 2g,
+ *                    2g + 1 of row 2p, then of row 2p + 1 (6 bits each, from bit 0):
+ *                    bytes 768 + 2l, 769 + 2l (z's low 16 bits), 832 + l (its high 8);
+ *   d    [864, 880): row m's f16 d at 864 + 2m; [880, 896) zero.
+ * The values are the raw blocks'; only the layout differs. */
+#define SL_Q3K_TB 896
+
+/* Tiles rows (a multiple of 8) raw Q3_K rows of nb blocks from src into dst
+ * (rows / 8 * nb * SL_Q3K_TB bytes); sl_gpu_upload_down's bytes. */
+void sl_emu_pack_q3_k_tb(const uint8_t *src, uint32_t rows, uint32_t nb, uint8_t *dst);
+
+/* Row r (0..7) of an 8-row tile of the tiled layout (nb blocks) times act, as the down
+ * kernel's lanes compute it from those bytes: the same bits as sl_emu_dot_q3_k of the
+ * raw row (each group's chain over b, then the 8-lane butterfly). */
+float sl_emu_dot_q3_k_tb(const uint8_t *tile, uint32_t r, uint32_t nb, const sl_emu_act *act);
 
 /* The order in which the GPU runs and sums the picked experts: ranks sorted by
  * increasing expert id (stable). Writes n_used ranks into order. */

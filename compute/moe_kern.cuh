@@ -196,19 +196,52 @@ __device__ __forceinline__ void k_ld8(const uint8_t *p, uint32_t (&w)[8])
     for (int i = 0; i < 8; i++) w[i] = __funnelshift_r(t[i], t[i + 1], sh);
 }
 
-/* Packs n Q3_K blocks (110 bytes each from src, 2-byte aligned) into SL_Q3K_PACKED
- * bytes each at dst (4-byte aligned): a thread a word of dst, the last word of a block
- * its d and two zero bytes. sl_emu_pack_q3_k's bytes. */
-__global__ void k_pack_q3_k(const uint8_t *__restrict__ src, uint64_t n, uint8_t *__restrict__ dst)
+/* Tiles Q3_K down rows into the tiled layout (SL_Q3K_TB, moe_emu.h): src holds tiles *
+ * 8 raw rows of nb blocks (110 bytes each, 2-byte aligned), dst gets tiles * nb tiled
+ * blocks (16-byte aligned); a thread a word of dst, read from the raw bytes it gathers.
+ * sl_emu_pack_q3_k_tb's bytes. */
+__global__ void k_pack_q3_k_tb(const uint8_t *__restrict__ src, uint32_t tiles, uint32_t nb,
+                               uint8_t *__restrict__ dst)
 {
-    constexpr uint32_t wpb = SL_Q3K_PACKED / 4;
+    constexpr uint32_t wpb = SL_Q3K_TB / 4;
     const uint64_t w = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (w >= n * wpb) return;
-    const uint64_t b = w / wpb;
-    const uint32_t k = (uint32_t)(w % wpb);
-    const uint16_t *p = (const uint16_t *)(src + b * 110 + 4 * k);
-    const uint32_t lo = p[0], hi = 4 * k + 2 < 110 ? p[1] : 0u;
-    ((uint32_t *)dst)[w] = lo | hi << 16;
+    if (w >= (uint64_t)tiles * nb * wpb) return;
+    const uint64_t tb = w / wpb; /* the tiled block: tile tb / nb, block tb % nb */
+    const uint32_t o = (uint32_t)(w % wpb) * 4, b = (uint32_t)(tb % nb);
+    const uint64_t r0 = tb / nb * 8; /* the tile's first row */
+    auto blk = [&](uint32_t m) { return src + ((r0 + m) * nb + b) * 110; };
+    uint32_t word = 0;
+    for (uint32_t t = 0; t < 4; t++) {
+        const uint32_t q = o + t; /* the byte */
+        uint32_t v = 0;
+        if (q < 768) { /* lo (quad q >> 8) or hi: position k of group g */
+            const uint32_t at = q & 255, hi = q >= 512, g = (at >> 4) & 7;
+            const uint32_t k = 16 * (at >> 7) + (at & 15);
+            if (!hi)
+                for (uint32_t m = 0; m < 4; m++) {
+                    const uint8_t *p = blk(4 * (q >> 8) + m);
+                    v |= ((p[32 + 32 * (g >> 2) + k] >> (2 * (g & 3))) & 3u) << (2 * m);
+                }
+            else
+                for (uint32_t m = 0; m < 8; m++) v |= ((blk(m)[k] >> g) & 1u) << m;
+        } else if (q < 864) { /* byte of lane l's 24 scale bits */
+            const uint32_t l = q < 832 ? (q - 768) >> 1 : q - 832;
+            const uint32_t sh = q < 832 ? 8 * ((q - 768) & 1) : 16, p = l >> 3, g = l & 7;
+            uint32_t z = 0;
+            for (uint32_t i = 0; i < 4; i++) { /* row 2p + i / 2, sub-block 2g + i % 2 */
+                const uint8_t *sc = blk(2 * p + i / 2) + 96;
+                const uint32_t k = 2 * g + i % 2;
+                const uint32_t lo = (sc[k & 7] >> (4 * (k >> 3))) & 15u;
+                const uint32_t hb = (sc[8 + (k & 3)] >> (2 * (k >> 2))) & 3u;
+                z |= (lo | hb << 4) << (6 * i);
+            }
+            v = (z >> sh) & 255u;
+        } else if (q < 880) { /* row m's d */
+            v = blk((q - 864) >> 1)[108 + (q & 1)];
+        }
+        word |= v << (8 * t);
+    }
+    ((uint32_t *)dst)[w] = word;
 }
 
 /* Three words (the Q3_K scales) at a 2-byte aligned shared address; reads at most 2
@@ -382,13 +415,12 @@ __device__ __forceinline__ int k_q3_group(const uint32_t (&hm)[8], const uint32_
  * (codes aq, scales ad) is read through L1, or with SH from shared memory. */
 template <bool SH = false>
 __device__ __forceinline__ float k_dot_q3_k(const uint8_t *row, const int8_t *__restrict__ aq,
-                                            const float *__restrict__ ad, uint32_t nb, int g,
-                                            uint32_t bb = 110)
+                                            const float *__restrict__ ad, uint32_t nb, int g)
 {
     const int sh = 2 * (g & 3);
     float acc = 0.0f;
     for (uint32_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + bb * b; /* bb: 110, or SL_Q3K_PACKED */
+        const uint8_t *blk = row + 110 * b;
         uint32_t hm[8], qw[8];
         k_ld8(blk, hm);
         k_ld8(blk + 32 + 32 * (g >> 2), qw);
@@ -398,6 +430,49 @@ __device__ __forceinline__ float k_dot_q3_k(const uint8_t *row, const int8_t *__
         const uint64_t lo8 = (uint64_t)sw[0] | (uint64_t)sw[1] << 32;
         const int isum = k_q3_group<SH>(hm, qw, g, sh, lo8, sw[2], aq + 256 * b + 32 * g);
         acc = sl_emu_q3_k_step(acc, k_half(blk + 108), isum, k_ld_act<SH>(ad + 8 * b + g));
+    }
+    return acc;
+}
+
+/* One lane's share (lane g: group g of every block, as k_dot_q3_k) of row r (0..7) of an
+ * 8-row tile in the tiled layout (SL_Q3K_TB; 16-byte aligned, read through L1):
+ * sl_emu_dot_q3_k_tb's arithmetic for one row (k_down2's mixed tables). */
+__device__ __forceinline__ float k_dot_q3_k_tbrow(const uint8_t *tile, uint32_t r,
+                                                  const int8_t *__restrict__ aq,
+                                                  const float *__restrict__ ad, uint32_t nb, int g)
+{
+    const int p = (int)r >> 1, lsh = 4 * (p & 1) + 2 * (int)(r & 1), hsh = (int)r;
+    const uint32_t ml = 0x03030303u << lsh, mh = 0x01010101u << hsh;
+    const uint8_t *lo = tile + 256 * (p >> 1) + 16 * g, *hi = tile + 512 + 16 * g;
+    float acc = 0.0f;
+    for (uint32_t b = 0; b < nb; b++) {
+        const uint32_t o = SL_Q3K_TB * b;
+        const int4 *aw = (const int4 *)(aq + 256 * b + 32 * g);
+        int c[2];
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+            const uint4 l = __ldg((const uint4 *)(lo + o + 128 * v));
+            const uint4 h = __ldg((const uint4 *)(hi + o + 128 * v));
+            const int4 x = __ldg(aw + v);
+            int la = 0, ha = 0;
+            la = k_dp4a_us(l.x & ml, x.x, la);
+            la = k_dp4a_us(l.y & ml, x.y, la);
+            la = k_dp4a_us(l.z & ml, x.z, la);
+            la = k_dp4a_us(l.w & ml, x.w, la);
+            ha = k_dp4a_us(~h.x & mh, x.x, ha);
+            ha = k_dp4a_us(~h.y & mh, x.y, ha);
+            ha = k_dp4a_us(~h.z & mh, x.z, ha);
+            ha = k_dp4a_us(~h.w & mh, x.w, ha);
+            c[v] = (la >> lsh) - 4 * (ha >> hsh);
+        }
+        const uint32_t l = 8 * p + g;
+        const uint32_t z = ((uint32_t)__ldg((const unsigned short *)(tile + o + 768 + 2 * l)) |
+                            (uint32_t)__ldg(tile + o + 832 + l) << 16) >>
+                           (12 * (r & 1));
+        const int isum = ((int)(z & 63u) - 32) * c[0] + ((int)((z >> 6) & 63u) - 32) * c[1];
+        const float d =
+            __half2float(__ushort_as_half(__ldg((const unsigned short *)(tile + o + 864 + 2 * r))));
+        acc = sl_emu_q3_k_step(acc, d, isum, __ldg(ad + 8 * b + g));
     }
     return acc;
 }
@@ -1533,6 +1608,62 @@ k_dot2_q3_k(const uint8_t *row, const int8_t *__restrict__ aq, const float *__re
     }
 }
 
+/* Lane 8p + g of a warp over one 8-row tile in the tiled layout (SL_Q3K_TB, moe_emu.h;
+ * tile 16-byte aligned in shared memory): group g of rows 2p and 2p + 1 of every block,
+ * in increasing b, into acc[0] and acc[1] (sl_emu_dot_q3_k_tb's lanes). The group's
+ * activation (32 codes, one scale) serves both rows; each row's low fields sit at shift
+ * 4 (p & 1) + 2 (row & 1) of the quad's words, its high bits at bit 2p + (row & 1) of
+ * the 8 rows' words. UNR: blocks whose chains the compiler interleaves. */
+template <int UNR = 2>
+__device__ __forceinline__ void k_dot_tb_q3_k(const uint8_t *tile, const int8_t *__restrict__ aq,
+                                              const float *__restrict__ ad, uint32_t nb, int lane,
+                                              float (&acc)[2])
+{
+    const int p = lane >> 3, g = lane & 7, lsh = 4 * (p & 1), hsh = 2 * p;
+    const uint32_t ma = 0x03030303u << lsh, mb = ma << 2, na = 0x01010101u << hsh, nb1 = na << 1;
+    const uint4 *lo = (const uint4 *)(tile + 256 * (p >> 1) + 16 * g);
+    const uint4 *hi = (const uint4 *)(tile + 512 + 16 * g);
+    const uint8_t *sc = tile + 768 + 2 * lane, *sh = tile + 832 + lane;
+    const uint8_t *dp = tile + 864 + 4 * p;
+    const int4 *aw = (const int4 *)(aq + 32 * g);
+    const float *a8 = ad + g;
+    acc[0] = 0.0f;
+    acc[1] = 0.0f;
+#pragma unroll UNR
+    for (uint32_t b = 0; b < nb; b++) {
+        const uint32_t o = b * (SL_Q3K_TB / 16); /* uint4 steps a block */
+        const uint4 l0 = lo[o], l1 = lo[o + 8], h0 = hi[o], h1 = hi[o + 8];
+        const int4 x0 = __ldg(aw + 16 * b), x1 = __ldg(aw + 16 * b + 1);
+        const uint32_t z =
+            *(const unsigned short *)(sc + SL_Q3K_TB * b) | (uint32_t)sh[SL_Q3K_TB * b] << 16;
+        const uint32_t dw = *(const uint32_t *)(dp + SL_Q3K_TB * b);
+        const float d8 = __ldg(a8 + 8 * b);
+        const uint32_t lw[2][4] = {{l0.x, l0.y, l0.z, l0.w}, {l1.x, l1.y, l1.z, l1.w}};
+        const uint32_t hw[2][4] = {{h0.x, h0.y, h0.z, h0.w}, {h1.x, h1.y, h1.z, h1.w}};
+        const int av[2][4] = {{x0.x, x0.y, x0.z, x0.w}, {x1.x, x1.y, x1.z, x1.w}};
+        int ca[2], cb[2];
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+            int la = 0, lb = 0, ha = 0, hb = 0;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                la = k_dp4a_us(lw[v][u] & ma, av[v][u], la);
+                lb = k_dp4a_us(lw[v][u] & mb, av[v][u], lb);
+                ha = k_dp4a_us(~hw[v][u] & na, av[v][u], ha);
+                hb = k_dp4a_us(~hw[v][u] & nb1, av[v][u], hb);
+            }
+            ca[v] = (la >> lsh) - 4 * (ha >> hsh);
+            cb[v] = (lb >> (lsh + 2)) - 4 * (hb >> (hsh + 1));
+        }
+        const int ia = ((int)(z & 63u) - 32) * ca[0] + ((int)((z >> 6) & 63u) - 32) * ca[1];
+        const int ib = ((int)((z >> 12) & 63u) - 32) * cb[0] + ((int)(z >> 18) - 32) * cb[1];
+        const float da = __half2float(__ushort_as_half((unsigned short)(dw & 0xFFFFu)));
+        const float db = __half2float(__ushort_as_half((unsigned short)(dw >> 16)));
+        acc[0] = sl_emu_q3_k_step(acc[0], da, ia, d8);
+        acc[1] = sl_emu_q3_k_step(acc[1], db, ib, d8);
+    }
+}
+
 /* The 8-lane butterfly of sl_emu_dot_q3_k over the 4 lanes of a row (sub = 2j + q)
  * holding groups 4j + q and 4j + q + 2: its xor 4 flips j (xor 2 here), its xor 2 is
  * the sum inside the lane, its xor 1 flips q. All 4 lanes end with the sum. */
@@ -1569,7 +1700,7 @@ k_down_store(const sl_ktab &tab, uint32_t o, uint32_t dim, const float *y, int s
  * bf16-rounded outputs meet in shared memory and TD threads of the group add them in
  * table order (increasing expert id), then `extra`. blockDim = NG*n*TD*LPR. */
 template <int LPR, int TD, int ST, int NG, bool MMA, bool EI, bool STAMP, int BB = 110, int UNR = 1,
-          bool SPLIT = false>
+          bool SPLIT = false, bool TB = false>
 __device__ __forceinline__ void
 k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *__restrict__ hd,
                uint32_t dim, uint32_t inter, const float *__restrict__ extra,
@@ -1585,6 +1716,8 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
                   "packed blocks: the dp4a form of 4 lanes a row");
     static_assert(!SPLIT || (EI && LPR == 4 && ST == 2 && NG == 2),
                   "a shared last tile: two groups, a stage each, a warp an expert");
+    static_assert(!TB || (EI && !SPLIT && TD == 8 && BB == SL_Q3K_PACKED),
+                  "the tiled layout: a warp an expert's 8 rows, tiles as long as packed ones");
     __shared__ float2 red[MMA ? SL_GPU_MAX_USED : 1][32]; /* mma: the h = 1 warps' sums */
     extern __shared__ int4 k_smem[];
     __shared__ float ys[NG][2][SL_GPU_MAX_USED][TD];
@@ -1663,6 +1796,19 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
                     y[e][(ln >> 2) + 8] = sl_emu_bf16_round(v[1]);
                 }
             }
+        } else if (TB) { /* lane 8p + g: group g of rows 2p, 2p + 1 */
+            float acc[2];
+            k_dot_tb_q3_k<UNR>(row - r * rb, aq, adp, nb, in & 31, acc);
+            const float a0 = k_butterfly(acc[0], 4), a1 = k_butterfly(acc[1], 4);
+            __syncwarp();
+            if ((in & 31) == 0) {
+                k_fence_proxy();
+                issue_one(k + ST, e);
+            }
+            if ((in & 7) == 0) {
+                y[e][(in & 31) >> 2] = sl_emu_bf16_round(a0);
+                y[e][((in & 31) >> 2) + 1] = sl_emu_bf16_round(a1);
+            }
         } else {
             float a;
             if (LPR == 8) {
@@ -1722,7 +1868,7 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
  * stage as soon as it is done with it; else thread 0 refills the stage after the group's
  * barrier (bench/results/2026-12-01-s8-stalls.md). */
 template <int LPR, int TD, int ST, int NG, bool EI = TD *LPR == 32, bool STAMP = false,
-          int BB = 110, int UNR = 1, bool SPLIT = false>
+          int BB = 110, int UNR = 1, bool SPLIT = false, bool TB = false>
 __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR, 2)
     k_down_pt_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
                    const float *__restrict__ hd, uint32_t dim, uint32_t inter,
@@ -1730,7 +1876,7 @@ __global__ void __launch_bounds__(NG *SL_GPU_MAX_USED *TD *LPR, 2)
                    uint16_t *__restrict__ out_bf16, float *__restrict__ part,
                    unsigned long long *stamps)
 {
-    k_down_pt_body<LPR, TD, ST, NG, false, EI, STAMP, BB, UNR, SPLIT>(
+    k_down_pt_body<LPR, TD, ST, NG, false, EI, STAMP, BB, UNR, SPLIT, TB>(
         tab, hq, hd, dim, inter, extra, out_f32, out_bf16, part, stamps);
 }
 
@@ -1783,9 +1929,9 @@ __global__ void k_quant_h(const __grid_constant__ sl_kscratch s, uint32_t groups
  * flight while it computes) and computes them (8 lanes a row);
  * the bf16-rounded outputs meet in shared memory and 4 threads add them in table
  * order (increasing expert id), then `extra`. Same arithmetic as the sandbox's
- * k_down_q3_k. Each
- * warp reads its expert's blocks raw or packed (tab.pk), so one launch takes the
- * device tier's packed downs beside mapped host memory's raw ones. */
+ * k_down_q3_k. Each warp reads its expert's down raw (staged) or tiled (tab.pk: in
+ * place, k_dot_q3_k_tbrow), so one launch takes the device tier's tiled downs beside
+ * mapped host memory's raw ones. */
 template <int MAXV, int T>
 __global__ void __launch_bounds__(SL_GPU_MAX_USED * 32)
     k_down2_q3_k(const __grid_constant__ sl_ktab tab, const int8_t *__restrict__ hq,
@@ -1797,31 +1943,41 @@ __global__ void __launch_bounds__(SL_GPU_MAX_USED * 32)
     __shared__ float ys[T][SL_GPU_MAX_USED][4];
     const int lane = threadIdx.x & 31, e = threadIdx.x >> 5, team = lane >> 3, g = lane & 7;
     int4 *st = k_smem + (size_t)e * (MAXV * 32 + 1);
-    const uint32_t bb = tab.pk >> e & 1 ? SL_Q3K_PACKED : 110; /* the warp's expert's blocks */
-    const uint32_t rb = inter / 256 * bb, nb = inter / 256;
+    const bool tiled = tab.pk >> e & 1; /* the warp's expert's down: tiled or raw blocks */
+    const uint32_t rb = inter / 256 * 110, nb = inter / 256;
     const uint32_t tiles = dim / 4, u0 = blockIdx.x * T;
     const int8_t *aq = hq + (size_t)e * inter;
     const float *ad = hd + (size_t)e * (inter / 32);
-    const uint8_t *src = tab.e[e].down + (size_t)u0 * 4 * rb;
-    const int4 *p;
-    int cnt = k_span(src, 4 * rb, &p);
-    int4 v[MAXV];
-    k_span_load<MAXV>(v, p, cnt, lane);
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-        if (u0 + t >= tiles) break; /* uniform across the CTA */
-        const uint32_t off = (uint32_t)((uintptr_t)src & 15);
-        __syncwarp();
-        k_span_store<MAXV>(v, st, cnt, lane);
-        __syncwarp();
-        if (t + 1 < T && u0 + t + 1 < tiles) { /* prefetch the next tile */
-            src += 4 * rb;
-            cnt = k_span(src, 4 * rb, &p);
-            k_span_load<MAXV>(v, p, cnt, lane);
+    if (tiled) { /* device memory: read in place, rows 4u + team of the 8-row tiles */
+        for (int t = 0; t < T; t++) {
+            if (u0 + t >= tiles) break; /* uniform across the CTA */
+            const uint32_t row = 4 * (u0 + t) + (uint32_t)team;
+            const uint8_t *tile = tab.e[e].down + (size_t)(row / 8) * nb * SL_Q3K_TB;
+            const float a = k_butterfly(k_dot_q3_k_tbrow(tile, row % 8, aq, ad, nb, g), 4);
+            if (g == 0) ys[t][e][team] = sl_emu_bf16_round(a);
         }
-        float a = k_dot_q3_k((const uint8_t *)st + off + team * rb, aq, ad, nb, g, bb);
-        a = k_butterfly(a, 4);
-        if (g == 0) ys[t][e][team] = sl_emu_bf16_round(a);
+    } else { /* raw blocks: staged through shared memory a 4-row tile at a time */
+        const uint8_t *src = tab.e[e].down + (size_t)u0 * 4 * rb;
+        const int4 *p;
+        int cnt = k_span(src, 4 * rb, &p);
+        int4 v[MAXV];
+        k_span_load<MAXV>(v, p, cnt, lane);
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            if (u0 + t >= tiles) break; /* uniform across the CTA */
+            const uint32_t off = (uint32_t)((uintptr_t)src & 15);
+            __syncwarp();
+            k_span_store<MAXV>(v, st, cnt, lane);
+            __syncwarp();
+            if (t + 1 < T && u0 + t + 1 < tiles) { /* prefetch the next tile */
+                src += 4 * rb;
+                cnt = k_span(src, 4 * rb, &p);
+                k_span_load<MAXV>(v, p, cnt, lane);
+            }
+            float a = k_dot_q3_k((const uint8_t *)st + off + team * rb, aq, ad, nb, g);
+            a = k_butterfly(a, 4);
+            if (g == 0) ys[t][e][team] = sl_emu_bf16_round(a);
+        }
     }
     __syncthreads();
     if (threadIdx.x < 4 * T) {
@@ -2283,7 +2439,7 @@ __global__ void __launch_bounds__(1024)
     if (lane == 0) {
         if (with_sh) tab->e[n] = sh; /* the shared expert rides along (slot k) */
         tab->n = n + with_sh;
-        tab->pk = (1u << (n + with_sh)) - 1; /* the device tier's downs are packed */
+        tab->pk = (1u << (n + with_sh)) - 1; /* the device tier's downs are tiled */
     }
     if (mine) {
         out->expert[r] = ex;

@@ -103,6 +103,41 @@ Test(moe_emu, pack_q3_k_layout)
     }
 }
 
+/* The tiled layout (bench's sandbox down): every row of two 8-row tiles read back from it
+ * as the lanes read it gives sl_emu_dot_q3_k's bits for the raw row, with random blocks
+ * (every scale and high bit taken), activations of three magnitudes, and a zero block;
+ * the pad bytes are zero whatever the buffer held. */
+Test(moe_emu, q3_k_tiled_layout)
+{
+    enum { ROWS = 16, NB = 9, N = NB * 256 };
+    uint8_t *raw = rand_blocks(SL_QTYPE_Q3_K, ROWS * N, 0.01f);
+    uint8_t *tb = malloc((size_t)ROWS / 8 * NB * SL_Q3K_TB);
+    memset(tb, 0xAA, (size_t)ROWS / 8 * NB * SL_Q3K_TB);
+    sl_emu_pack_q3_k_tb(raw, ROWS, NB, tb);
+    for (int k = 0; k < ROWS / 8 * NB; k++)
+        for (int i = 880; i < SL_Q3K_TB; i++) cr_assert_eq(tb[k * SL_Q3K_TB + i], 0, "pad %d", k);
+    sl_emu_act act = {N, malloc(N), malloc(N / 32 * sizeof(float)), malloc(N / 16 * 4)};
+    float *x = malloc(N * sizeof(float));
+    for (int pass = 0; pass < 3; pass++) {
+        for (int i = 0; i < N; i++) x[i] = nrand() * (pass == 0 ? 1.0f : pass == 1 ? 1e3f : 1e-3f);
+        if (pass == 2) memset(x + 256, 0, 32 * sizeof(float)); /* an all-zero q8_1 block */
+        sl_emu_act_quant(x, N, &act);
+        for (int r = 0; r < ROWS; r++) {
+            const float want = sl_emu_dot_q3_k(raw + (size_t)r * NB * 110, &act);
+            const float got = sl_emu_dot_q3_k_tb(tb + (size_t)(r / 8) * NB * SL_Q3K_TB,
+                                                 (uint32_t)(r % 8), NB, &act);
+            cr_assert_eq(memcmp(&got, &want, 4), 0, "pass %d row %d: %.9g vs %.9g", pass, r, got,
+                         want);
+        }
+    }
+    free(x);
+    free(act.qs);
+    free(act.d);
+    free(act.sum16);
+    free(tb);
+    free(raw);
+}
+
 Test(moe_emu, swiglu_clamps)
 {
     /* up to [-10, 10], gate to (-inf, 10] */

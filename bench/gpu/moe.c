@@ -50,7 +50,8 @@ typedef struct opts {
 /* Whether --quick runs variant v's row. */
 static int quick_row(const opts *o, int v)
 {
-    if (v == MB_V_SHIPPED || v == MB_V_S11 || v == MB_V_BEFORE || v == MB_V_S9) return 1;
+    if (v == MB_V_SHIPPED || v == MB_V_S20 || v == MB_V_S11 || v == MB_V_BEFORE || v == MB_V_S9)
+        return 1;
     for (int i = 0; i < o->n_also; i++)
         if (o->also[i] == v) return 1;
     return 0;
@@ -461,8 +462,11 @@ int main(int argc, char **argv)
     uint8_t *host = malloc(per_expert * np);
     if (!host) DIE("malloc(%zu)", per_expert * np);
     void **dev = calloc(np, sizeof *dev), **dev_pk = calloc(np, sizeof *dev_pk);
-    const size_t bd_pk = sl_gpu_packed_bytes(bd); /* a down in device memory (gpu.h) */
-    if (!dev || !dev_pk) DIE("out of memory");
+    void **dev_p112 = calloc(np, sizeof *dev_p112); /* the older variants' packed downs */
+    const size_t bd_pk = sl_gpu_packed_bytes(bd);   /* a down in device memory (gpu.h) */
+    const size_t bd_p112 = bd / 110 * SL_Q3K_PACKED;
+    uint8_t *pbuf = malloc(bd_p112);
+    if (!dev || !dev_pk || !dev_p112 || !pbuf) DIE("out of memory");
     for (int e = 0; e < np; e++) {
         uint8_t *p = host + per_expert * e;
         fill_blocks(p, SL_QTYPE_Q2_K, nel, 0.004f);
@@ -473,7 +477,12 @@ int main(int argc, char **argv)
             sl_gpu_malloc(c, &dev_pk[e], bd_pk, &err) ||
             sl_gpu_upload_down(c, dev_pk[e], p + 2 * bg, bd, &err))
             DIE("%s", err.msg);
+        sl_emu_pack_q3_k(p + 2 * bg, bd / 110, pbuf);
+        if (sl_gpu_malloc(c, &dev_p112[e], bd_p112, &err) ||
+            sl_gpu_upload(c, dev_p112[e], pbuf, bd_p112, &err))
+            DIE("%s", err.msg);
     }
+    free(pbuf);
     uint16_t xh[DIM];
     for (int i = 0; i < DIM; i++) xh[i] = sl_f32_to_bf16((urand() - 0.5f) * 4.0f);
 
@@ -510,6 +519,7 @@ int main(int argc, char **argv)
             sets[k].up[j] = p + bg;
             sets[k].down[j] = p + 2 * bg;
             sets[k].down_pk[j] = dev_pk[k * NUSED + j];
+            sets[k].down_p112[j] = dev_p112[k * NUSED + j];
             sets[k].w[j] = 0.25f + 0.05f * j;
         }
     double own = 0;
@@ -573,9 +583,9 @@ int main(int argc, char **argv)
         /* each kernel's milestones on the GPU's clock: the last of 8 launches back to back */
         static unsigned long long st[MB_ST_RECS * MB_ST_SLOTS];
         mb_io in = io;
-        static const int vs[2] = {MB_V_SHIPPED, MB_V_S11};
+        static const int vs[3] = {MB_V_SHIPPED, MB_V_S20, MB_V_S11};
         static const uint32_t ns[2] = {1, NUSED};
-        for (int a = 0; a < 2; a++)
+        for (int a = 0; a < 3; a++)
             for (int b = 0; b < 2; b++) {
                 const int v = vs[a];
                 const uint32_t n = ns[b];
@@ -1082,11 +1092,13 @@ int main(int argc, char **argv)
     for (int e = 0; e < np; e++) {
         sl_gpu_free(c, dev[e]);
         sl_gpu_free(c, dev_pk[e]);
+        sl_gpu_free(c, dev_p112[e]);
     }
     sl_gpu_close(&c);
     free(host);
     free(dev);
     free(dev_pk);
+    free(dev_p112);
     free(sets);
     if (md) fclose(md);
     return 0;

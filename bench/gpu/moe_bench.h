@@ -12,7 +12,10 @@ extern "C" {
 /* One token's expert set: device-visible weights, routing weights (table order). */
 typedef struct mb_set {
     const void *gate[8], *up[8], *down[8];
-    const void *down_pk[8]; /* the downs in packed Q3_K blocks (SL_Q3K_PACKED bytes) */
+    const void *down_pk[8];   /* the downs as compute/ keeps them in device memory (gpu.h:
+                               * sl_gpu_upload_down, the tiled layout SL_Q3K_TB) */
+    const void *down_p112[8]; /* the downs in 112-byte packed blocks (SL_Q3K_PACKED, the
+                               * device layout of sessions 11-20) */
     float w[8];
 } mb_set;
 
@@ -59,16 +62,19 @@ int mb_read_sets(const mb_set *sets, int nsets, int n, size_t gate_bytes, size_t
 int mb_ptr_kind(const void *p, int n);
 
 /* Variants: compute/'s kernels for mapped host weights and for device weights (the
- * down on packed Q3_K blocks, mb_set.down_pk); session 13's downs (MB_V_RING and the
+ * down on tiled Q3_K blocks, mb_set.down_pk); what compute/ ran until session 20 (the
+ * down on packed 112-byte blocks, mb_set.down_p112), then the tiled down with two and
+ * three blocks' chains interleaved; session 13's downs (MB_V_RING and the
  * four after it: in one round, and compute/'s at 72 registers); what compute/ ran for
  * device weights until session 9, until session 11 (h's q8_1 by k_quant_h), and until
  * session 10 (raw blocks; the last variant). */
 #define MB_V_MAPPED  0
 #define MB_V_SHIPPED 1
-#define MB_V_RING    2
-#define MB_V_S9      13
-#define MB_V_S11     48
-#define MB_V_BEFORE  49
+#define MB_V_S20     2
+#define MB_V_RING    5
+#define MB_V_S9      16
+#define MB_V_S11     51
+#define MB_V_BEFORE  52
 
 int mb_variant_count(void);
 const char *mb_variant_name(int v);
@@ -96,7 +102,8 @@ int mb_variant_stamped(int v, const mb_io *io, const mb_set *sets, int nsets, in
  * consecutive kernels need the same L1 split. */
 int mb_carveout(int pct, char *msg);
 
-/* Whether variant v reads its downs in packed Q3_K blocks (mb_set.down_pk). */
+/* Whether variant v reads its downs as compute/ keeps them in device memory (1:
+ * mb_set.down_pk) or in 112-byte packed blocks (2: mb_set.down_p112); 0: raw blocks. */
 int mb_variant_packed(int v);
 
 /* Whether variant v is a fused layer kernel (mb_fused_layer times it). */

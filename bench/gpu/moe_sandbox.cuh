@@ -319,7 +319,7 @@ inline size_t k_down_smem(int nw, int maxv)
     return (size_t)nw * (maxv * 32 + 1) * 16 + 16;
 }
 
-/* compute/'s packed down (LPR 4, TD 8, ST 2, NG 2, early refill) held at REGS registers
+/* session 20's packed down (LPR 4, TD 8, ST 2, NG 2, early refill) held at REGS registers
  * a thread instead of __launch_bounds__'s 64: 2 CTAs of 7 experts (28 warps) still fit
  * an SM at 72, with more room for UNR blocks' chains at once (a bench variant). */
 template <int REGS, int UNR>

@@ -175,14 +175,19 @@ enum {
     D_P4_8_2_2L, /* the stage refilled after the group's barrier (before session 8) */
     D_P4_8_1_1,
     D_M2_16_1_1,
-    D_P4_8_2_2_PK,   /* D_P4_8_2_2 on packed Q3_K blocks (mb_set.down_pk) */
-    D_P4_8_2_2_PK2,  /* ... two blocks' chains interleaved (compute/'s DP_UNR 2) */
+    D_P4_8_2_2_PK,   /* D_P4_8_2_2 on packed Q3_K blocks (mb_set.down_p112) */
+    D_P4_8_2_2_PK2,  /* ... two blocks' chains interleaved (compute/'s until session 20) */
     D_P4_8_2_2_PK2S, /* ... a CTA's odd last tile shared by its two groups (blocks split) */
     D_RING3_2,       /* packed blocks in one round: a CTA a tile, rings of 2 chunks of 3 blocks */
     D_RING2_3,       /* ... rings of 3 chunks of 2 blocks */
     D_RING1_4,       /* ... rings of 4 chunks of 1 block */
     D_PK_R72U2,      /* D_P4_8_2_2_PK2 at 72 registers (2 CTAs of 7 experts an SM still) */
     D_PK_R72U3,      /* ... three blocks' chains interleaved */
+    D_TB1,           /* D_P4_8_2_2_PK2's CTAs on the tiled layout (mb_set.down_pk): a lane one
+                      * group of two rows, the activation loaded once for both; a block at a
+                      * time (compute/'s) */
+    D_TB2,           /* ... two blocks' chains interleaved */
+    D_TB3,           /* ... three */
     D_FUSED          /* none: the gate/up launch is the fused layer kernel */
 };
 
@@ -195,9 +200,16 @@ struct variant {
 static constexpr variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
     {"gt 2x NW4 TR8 ST4, staggered start, q8_1 of h by the warp group of its 32 rows (no quant_h) "
-     "+ dp LPR4 TD8 ST2 2x on packed 112-byte Q3_K blocks, 2 blocks interleaved, PDL (compute, "
-     "device weights)",
+     "+ dp TD8 ST2 2x on 8-row tiled Q3_K blocks (a lane: one group of two rows), a block at a "
+     "time, PDL (compute, device weights)",
+     G_T4x2_8_4_QH3, D_TB1, true},
+    {"gt QH3 (as compute) + dp LPR4 TD8 ST2 2x on packed 112-byte Q3_K blocks, 2 blocks "
+     "interleaved, PDL (compute until session 20)",
      G_T4x2_8_4_QH3, D_P4_8_2_2_PK2, true},
+    {"gt QH3 (as compute) + dp TD8 ST2 2x on tiled blocks, 2 blocks interleaved, PDL",
+     G_T4x2_8_4_QH3, D_TB2, true},
+    {"gt QH3 (as compute) + dp TD8 ST2 2x on tiled blocks, 3 blocks interleaved, PDL",
+     G_T4x2_8_4_QH3, D_TB3, true},
     {"gt QH3 (as compute) + down in one round, a CTA a tile, rings of 2 chunks of 3 blocks, PDL",
      G_T4x2_8_4_QH3, D_RING3_2, true},
     {"gt QH3 (as compute) + down in one round, rings of 3 chunks of 2 blocks, PDL", G_T4x2_8_4_QH3,
@@ -279,10 +291,10 @@ static constexpr variant variants[] = {
 };
 
 static_assert(sizeof variants / sizeof *variants == MB_V_BEFORE + 1, "MB_V_BEFORE is the last");
-static_assert(variants[MB_V_SHIPPED].gu == G_T4x2_8_4_QH3 &&
-                  variants[MB_V_SHIPPED].dn == D_P4_8_2_2_PK2,
+static_assert(variants[MB_V_SHIPPED].gu == G_T4x2_8_4_QH3 && variants[MB_V_SHIPPED].dn == D_TB1,
               "MB_V_SHIPPED is compute/'s device-weight kernels");
 static_assert(variants[MB_V_RING].dn == D_RING3_2, "MB_V_RING: the down in one round");
+static_assert(variants[MB_V_S20].dn == D_P4_8_2_2_PK2, "MB_V_S20: the down until session 20");
 static_assert(variants[MB_V_S11].gu == G_T4x2_8_4_STG && variants[MB_V_S11].dn == D_P4_8_2_2_PK2,
               "MB_V_S11 is what compute/ ran until session 11");
 static_assert(variants[MB_V_S9].gu == G_T4x2_8_4 && variants[MB_V_S9].dn == D_P4_8_2_2,
@@ -400,15 +412,15 @@ static cudaError_t dt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
 
 /* The persistent down: as many CTAs as fit (ST 1: one CTA per tile). */
 template <int LPR, int TD, int ST, int NG, bool MMA = false, bool EI = TD *LPR == 32, int BB = 110,
-          int UNR = 1, bool SPLIT = false>
+          int UNR = 1, bool SPLIT = false, bool TB = false>
 static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
     /* fs: the form that records milestones (io->dn_st; the mma form has none) */
     constexpr auto fn = MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn
-                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, false, BB, UNR, SPLIT>;
+                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, false, BB, UNR, SPLIT, TB>;
     constexpr auto fs = MMA ? k_down_kern<LPR, TD, ST, NG, MMA>::fn
-                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, true, BB, UNR, SPLIT>;
+                            : &k_down_pt_q3_k<LPR, TD, ST, NG, EI, true, BB, UNR, SPLIT, TB>;
     const size_t smem = k_dpt_smem(tab.n, io->inter, TD, ST, BB);
     const uint32_t threads = k_dpt_threads(tab.n, LPR, TD, NG);
     static int occ = 0; /* bench only: set once per instantiation */
@@ -423,7 +435,10 @@ static cudaError_t dp_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
         printf("  [down pt%s%s%s%s LPR %d TD %d ST %d NG %d: %d CTAs/SM, %u threads, smem %zu]\n",
-               MMA ? " mma" : "", EI ? " early refill" : "", BB == 110 ? "" : " packed",
+               MMA ? " mma" : "", EI ? " early refill" : "",
+               TB          ? " tiled"
+               : BB == 110 ? ""
+                           : " packed",
                SPLIT ? " split last tile" : "", LPR, TD, ST, NG, occ, threads, smem);
     }
     const uint32_t tiles = io->dim / TD;
@@ -459,7 +474,7 @@ static cudaError_t dr_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
                     (const float *)NULL, io->out_f32, io->out, (float *)NULL, io->dn_st);
 }
 
-/* compute/'s packed down at 72 registers (k_down_pk_regs_q3_k), persistent. */
+/* session 20's packed down at 72 registers (k_down_pk_regs_q3_k), persistent. */
 template <int UNR>
 static cudaError_t dr72_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                                bool pdl)
@@ -561,7 +576,10 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
     for (uint32_t k = 0; k < io->n; k++) {
         tab.e[k].gate = (const uint8_t *)set->gate[k];
         tab.e[k].up = (const uint8_t *)set->up[k];
-        tab.e[k].down = (const uint8_t *)(mb_variant_packed(v) ? set->down_pk[k] : set->down[k]);
+        const int pk = mb_variant_packed(v);
+        tab.e[k].down = (const uint8_t *)(pk == 2 ? set->down_p112[k]
+                                          : pk    ? set->down_pk[k]
+                                                  : set->down[k]);
         tab.e[k].w = set->w[k];
         tab.e[k].slot = (int)k;
     }
@@ -697,6 +715,15 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
         return dr72_launch<2>(io, tab, s, n_sm, V.pdl);
     case D_PK_R72U3:
         return dr72_launch<3>(io, tab, s, n_sm, V.pdl);
+    case D_TB2:
+        return dp_launch<4, 8, 2, 2, false, true, SL_Q3K_PACKED, 2, false, true>(io, tab, s, n_sm,
+                                                                                 V.pdl);
+    case D_TB1:
+        return dp_launch<4, 8, 2, 2, false, true, SL_Q3K_PACKED, 1, false, true>(io, tab, s, n_sm,
+                                                                                 V.pdl);
+    case D_TB3:
+        return dp_launch<4, 8, 2, 2, false, true, SL_Q3K_PACKED, 3, false, true>(io, tab, s, n_sm,
+                                                                                 V.pdl);
     default:
         return dn2_launch<1>(io, tab, s);
     }
@@ -774,10 +801,12 @@ static cudaError_t fl_one(int v, const mb_layer *L, int it, int n_sm)
 
 extern "C" int mb_variant_packed(int v)
 {
-    return variants[v].dn == D_P4_8_2_2_PK || variants[v].dn == D_P4_8_2_2_PK2 ||
-           variants[v].dn == D_P4_8_2_2_PK2S || variants[v].dn == D_RING3_2 ||
-           variants[v].dn == D_RING2_3 || variants[v].dn == D_RING1_4 ||
-           variants[v].dn == D_PK_R72U2 || variants[v].dn == D_PK_R72U3;
+    const int d = variants[v].dn;
+    if (d == D_TB1 || d == D_TB2 || d == D_TB3) return 1;
+    return d == D_P4_8_2_2_PK || d == D_P4_8_2_2_PK2 || d == D_P4_8_2_2_PK2S || d == D_RING3_2 ||
+                   d == D_RING2_3 || d == D_RING1_4 || d == D_PK_R72U2 || d == D_PK_R72U3
+               ? 2
+               : 0;
 }
 
 extern "C" int mb_variant_fused(int v)

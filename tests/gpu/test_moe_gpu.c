@@ -119,24 +119,25 @@ Test(moe_gpu, q8_1_bit_exact)
     free(got);
 }
 
-/* sl_gpu_upload_down's packing against sl_emu_pack_q3_k, byte for byte: one block, a
- * few, and more than a stage holds (taken a stage at a time), each into a poisoned
- * buffer whose bytes past the down must stay as they were; then more asynchronous
- * uploads than there are stages (each stage reused after its packing) and one wait;
- * and the refusals. */
+/* sl_gpu_upload_down's tiling against sl_emu_pack_q3_k_tb, byte for byte: one 8-row
+ * tile, a few, and more than a stage holds (taken a stage at a time), each into a
+ * poisoned buffer whose bytes past the down must stay as they were; then more
+ * asynchronous uploads than there are stages (each stage reused after its tiling) and
+ * one wait; and the refusals (rows of one block, inter 256). Then two tiles of rows of
+ * nine blocks (inter 2304). */
 Test(moe_gpu, pack_q3_k_bytes)
 {
     NEED_GPU();
     sl_moe_shape s = make_shape(512, 256, 2, 0);
     sl_err err = {0};
     sl_gpu_ctx *c = open_gpu(&s);
-    const uint64_t counts[] = {1, 3, 46081}; /* a stage holds 512 blocks at this shape */
+    const uint64_t counts[] = {1, 3, 5761}; /* tiles: a stage holds 64 at this shape */
     for (int k = 0; k < 3; k++) {
-        const uint64_t n = counts[k], raw = n * 110, pk = sl_gpu_packed_bytes(raw);
-        cr_assert_eq(pk, n * SL_Q3K_PACKED);
+        const uint64_t n = counts[k] * 8, raw = n * 110, pk = sl_gpu_packed_bytes(raw);
+        cr_assert_eq(pk, counts[k] * SL_Q3K_TB);
         uint8_t *src = rand_blocks(SL_QTYPE_Q3_K, n * 256, 0.5f);
         uint8_t *want = malloc(pk + 256), *got = malloc(pk + 256);
-        sl_emu_pack_q3_k(src, n, want);
+        sl_emu_pack_q3_k_tb(src, (uint32_t)n, 1, want);
         memset(want + pk, 0xFF, 256); /* the poison past the down */
         void *d = NULL;
         cr_assert_eq(sl_gpu_malloc(c, &d, pk + 256, &err), 0, "%s", err.msg);
@@ -145,15 +146,17 @@ Test(moe_gpu, pack_q3_k_bytes)
         cr_assert_eq(sl_gpu_download(c, got, d, pk + 256, &err), 0, "%s", err.msg);
         uint64_t i = 0; /* the first byte that differs, if any */
         while (i < pk + 256 && got[i] == want[i]) i++;
-        cr_assert_eq(i, pk + 256, "%llu blocks: byte %llu is 0x%02x, want 0x%02x",
+        cr_assert_eq(i, pk + 256, "%llu rows: byte %llu is 0x%02x, want 0x%02x",
                      (unsigned long long)n, (unsigned long long)i, i < pk + 256 ? got[i] : 0,
                      i < pk + 256 ? want[i] : 0);
         if (k == 0) {
             cr_assert_eq(sl_gpu_upload_down(c, d, src, 109, &err), SL_EINVAL);
             cr_assert(strstr(err.msg, "Q3_K blocks"), "%s", err.msg);
-            cr_assert_eq(sl_gpu_upload_down(c, (uint8_t *)d + 4, src, 110, &err), SL_EINVAL);
-            cr_assert_eq(sl_gpu_upload_down(c, NULL, src, 110, &err), SL_EINVAL);
-            cr_assert_eq(sl_gpu_upload_down_async(c, d, src, 513 * 110, &err), SL_EINVAL);
+            cr_assert_eq(sl_gpu_upload_down(c, d, src, 7 * 110, &err), SL_EINVAL);
+            cr_assert(strstr(err.msg, "8-row tiles"), "%s", err.msg);
+            cr_assert_eq(sl_gpu_upload_down(c, (uint8_t *)d + 4, src, 880, &err), SL_EINVAL);
+            cr_assert_eq(sl_gpu_upload_down(c, NULL, src, 880, &err), SL_EINVAL);
+            cr_assert_eq(sl_gpu_upload_down_async(c, d, src, 65 * 880, &err), SL_EINVAL);
             cr_assert(strstr(err.msg, "more than a down"), "%s", err.msg);
         }
         sl_gpu_free(c, d);
@@ -162,7 +165,7 @@ Test(moe_gpu, pack_q3_k_bytes)
         free(got);
     }
     enum { UPS = 11 }; /* more than the stages: each reused after its packing */
-    const uint64_t n = 512, raw = n * 110, pk = n * SL_Q3K_PACKED;
+    const uint64_t n = 512, raw = n * 110, pk = n / 8 * SL_Q3K_TB; /* 64 tiles: one down */
     uint8_t *src[UPS], *want = malloc(pk), *got = malloc(pk);
     void *d[UPS];
     for (int u = 0; u < UPS; u++) {
@@ -174,7 +177,7 @@ Test(moe_gpu, pack_q3_k_bytes)
         cr_assert_eq(sl_gpu_upload_down_async(c, d[u], src[u], raw, &err), 0, "%s", err.msg);
     cr_assert_eq(sl_gpu_sync(c, &err), 0, "%s", err.msg);
     for (int u = 0; u < UPS; u++) {
-        sl_emu_pack_q3_k(src[u], n, want);
+        sl_emu_pack_q3_k_tb(src[u], (uint32_t)n, 1, want);
         cr_assert_eq(sl_gpu_download(c, got, d[u], pk, &err), 0, "%s", err.msg);
         cr_assert_eq(memcmp(got, want, pk), 0, "async upload %d of %d differs", u, UPS);
         sl_gpu_free(c, d[u]);
@@ -182,6 +185,25 @@ Test(moe_gpu, pack_q3_k_bytes)
     }
     free(want);
     free(got);
+    sl_gpu_close(&c);
+
+    s = make_shape(512, 2304, 2, 0);
+    c = open_gpu(&s);
+    const uint64_t n9 = 16 * 9, pk9 = sl_gpu_packed_bytes(n9 * 110); /* blocks, tiled bytes */
+    cr_assert_eq(pk9, 2 * 9 * SL_Q3K_TB);
+    uint8_t *src9 = rand_blocks(SL_QTYPE_Q3_K, n9 * 256, 0.5f);
+    uint8_t *want9 = malloc(pk9), *got9 = malloc(pk9);
+    sl_emu_pack_q3_k_tb(src9, 16, 9, want9);
+    void *d9 = NULL;
+    cr_assert_eq(sl_gpu_malloc(c, &d9, pk9, &err), 0, "%s", err.msg);
+    poison_dev(c, d9, pk9);
+    cr_assert_eq(sl_gpu_upload_down(c, d9, src9, n9 * 110, &err), 0, "%s", err.msg);
+    cr_assert_eq(sl_gpu_download(c, got9, d9, pk9, &err), 0, "%s", err.msg);
+    cr_assert_eq(memcmp(got9, want9, pk9), 0, "rows of nine blocks differ");
+    sl_gpu_free(c, d9);
+    free(src9);
+    free(want9);
+    free(got9);
     sl_gpu_close(&c);
 }
 
@@ -674,7 +696,7 @@ static void check_layer(uint32_t dim, uint32_t inter, uint32_t n_used, int sh_bf
          * when there is room (n_used < 8, and the bulk-copy down's stages fit shared
          * memory: not at inter 4608): its output goes straight into the sum and peek
          * gives NaN; elsewhere it runs on the side stream. */
-        const int fits = 2 * 8 * 8 * (inter / 256) * SL_Q3K_PACKED + 2048 <= 227 * 1024;
+        const int fits = 2 * 8 * (inter / 256) * SL_Q3K_TB + 2048 <= 227 * 1024;
         const int merged = !sh_bf16 && !in_host && n_used < 8 && fits; /* H100/H200 smem */
         cr_assert_eq(isnan(o.y_sh[0]) != 0, merged, "%s: shared expert merged %d", where, merged);
         if (!merged) first_diff_f32("y_sh", o.y_sh, ey_sh, dim);
