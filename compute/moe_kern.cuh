@@ -1621,23 +1621,23 @@ __device__ __forceinline__ void k_dot_tb_q3_k(const uint8_t *tile, const int8_t 
 {
     const int p = lane >> 3, g = lane & 7, lsh = 4 * (p & 1), hsh = 2 * p;
     const uint32_t ma = 0x03030303u << lsh, mb = ma << 2, na = 0x01010101u << hsh, nb1 = na << 1;
-    const uint4 *lo = (const uint4 *)(tile + 256 * (p >> 1) + 16 * g);
-    const uint4 *hi = (const uint4 *)(tile + 512 + 16 * g);
-    const uint8_t *sc = tile + 768 + 2 * lane, *sh = tile + 832 + lane;
-    const uint8_t *dp = tile + 864 + 4 * p;
+    /* the lane's words of block b at these + b * SL_Q3K_TB (pointers advanced a block at a
+     * time: fewer instructions than offsets rebuilt from b) */
+    const uint8_t *lo = tile + 256 * (p >> 1) + 16 * g, *hi = tile + 512 + 16 * g;
+    const uint8_t *sc = tile + 768 + 2 * lane, *sh = tile + 832 + lane, *dp = tile + 864 + 4 * p;
     const int4 *aw = (const int4 *)(aq + 32 * g);
     const float *a8 = ad + g;
     acc[0] = 0.0f;
     acc[1] = 0.0f;
 #pragma unroll UNR
-    for (uint32_t b = 0; b < nb; b++) {
-        const uint32_t o = b * (SL_Q3K_TB / 16); /* uint4 steps a block */
-        const uint4 l0 = lo[o], l1 = lo[o + 8], h0 = hi[o], h1 = hi[o + 8];
-        const int4 x0 = __ldg(aw + 16 * b), x1 = __ldg(aw + 16 * b + 1);
-        const uint32_t z =
-            *(const unsigned short *)(sc + SL_Q3K_TB * b) | (uint32_t)sh[SL_Q3K_TB * b] << 16;
-        const uint32_t dw = *(const uint32_t *)(dp + SL_Q3K_TB * b);
-        const float d8 = __ldg(a8 + 8 * b);
+    for (uint32_t b = 0; b < nb; b++, lo += SL_Q3K_TB, hi += SL_Q3K_TB, sc += SL_Q3K_TB,
+                  sh += SL_Q3K_TB, dp += SL_Q3K_TB, aw += 16, a8 += 8) {
+        const uint4 l0 = *(const uint4 *)lo, l1 = *(const uint4 *)(lo + 128);
+        const uint4 h0 = *(const uint4 *)hi, h1 = *(const uint4 *)(hi + 128);
+        const int4 x0 = __ldg(aw), x1 = __ldg(aw + 1);
+        const uint32_t z = *(const unsigned short *)sc | (uint32_t)*sh << 16;
+        const uint32_t dw = *(const uint32_t *)dp;
+        const float d8 = __ldg(a8);
         const uint32_t lw[2][4] = {{l0.x, l0.y, l0.z, l0.w}, {l1.x, l1.y, l1.z, l1.w}};
         const uint32_t hw[2][4] = {{h0.x, h0.y, h0.z, h0.w}, {h1.x, h1.y, h1.z, h1.w}};
         const int av[2][4] = {{x0.x, x0.y, x0.z, x0.w}, {x1.x, x1.y, x1.z, x1.w}};
