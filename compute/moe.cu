@@ -41,7 +41,7 @@
 #define DP_ST   2    /* stages per CTA, bulk-copy down (1: one tile a CTA, grid = tiles) */
 #define DP_NG   2    /* warp groups per CTA, persistent bulk-copy down */
 #define DP_UNR  1    /* tiled down: a block at a time (bench: 2 and 3 interleaved lost) */
-#define PK_RING 4    /* stages of Q3_K downs between the copy and their packing */
+#define PK_RING 4    /* stages of Q3_K downs between the copy and their tiling */
 #define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
@@ -76,12 +76,12 @@ struct sl_gpu_ctx {
     cudaEvent_t ev_fence; /* the end of the last token's work (copies wait for it) */
     int copies_pending;   /* copies queued since the main stream last waited for them */
     /* Q3_K downs on their way into device memory (sl_gpu_upload_down_async): the copy
-     * stream brings the raw blocks into a stage of the ring, the main stream packs them
-     * (at its next join_copies, so that the packing never waits on the copy stream for
-     * SMs that the kernels hold), and the stage is reused once its packing is done. */
+     * stream brings the raw blocks into a stage of the ring, the main stream tiles them
+     * (at its next join_copies, so that the tiling never waits on the copy stream for
+     * SMs that the kernels hold), and the stage is reused once its tiling is done. */
     struct {
         uint8_t *buf;     /* pk_cap bytes */
-        cudaEvent_t done; /* the packing that read it (main stream) */
+        cudaEvent_t done; /* the tiling that read it (main stream) */
         int recorded;     /* done has been recorded */
     } pk[PK_RING];
     uint64_t pk_cap; /* bytes of a stage: one raw down of the shape */
@@ -89,7 +89,7 @@ struct sl_gpu_ctx {
         uint32_t ring;
         uint8_t *dst;
         uint64_t n;     /* 8-row tiles */
-    } pk_wait[PK_RING]; /* copied, not packed yet: the last n_pk_wait stages taken */
+    } pk_wait[PK_RING]; /* copied, not tiled yet: the last n_pk_wait stages taken */
     uint32_t n_pk_wait;
     uint32_t pk_next; /* the stage the next upload takes, mod PK_RING */
     int fence_new;    /* ev_fence recorded since the copy stream last waited */
@@ -164,7 +164,7 @@ static int in_host(const void *p)
 }
 
 /* The main stream waits for the copies queued so far (before work that reads them),
- * then packs the Q3_K downs among them. */
+ * then tiles the Q3_K downs among them. */
 static cudaError_t join_copies(sl_gpu_ctx *c)
 {
     if (!c->copies_pending) return cudaSuccess;
@@ -183,7 +183,7 @@ static cudaError_t join_copies(sl_gpu_ctx *c)
         if (rc != cudaSuccess) break;
         c->pk[r].recorded = 1;
     }
-    /* on a failure the packings not queued stay for the next join (queueing one twice
+    /* on a failure the tilings not queued stay for the next join (queueing one twice
      * writes the same bytes) */
     memmove(c->pk_wait, c->pk_wait + i, sizeof *c->pk_wait * (c->n_pk_wait - i));
     c->n_pk_wait -= i;
@@ -759,7 +759,7 @@ extern "C" int sl_gpu_host_unregister(void *host, sl_err *err)
 extern "C" int sl_gpu_sync(sl_gpu_ctx *c, sl_err *err)
 {
     if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_sync: NULL context");
-    CK(join_copies(c), "pack the downs copied so far");
+    CK(join_copies(c), "tile the downs copied so far");
     CK(cudaStreamSynchronize(c->side), "cudaStreamSynchronize(side)");
     CK(cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
     CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(main)");
@@ -876,6 +876,13 @@ static cudaError_t launch_select(sl_gpu_ctx *c, const float *bias, const sl_gpu_
                     c->ttab_tag, c->rt_stamps);
 }
 
+/* The q8_1 of h that a probe's qh_form gives a bulk-copy gate/up whose own form is dflt
+ * (gpu.h, sl_gpu_probe: 0 keeps dflt, 1 none (k_quant_h after it), 3 or 4 that form). */
+static int qh_of_probe(int qh_form, int dflt)
+{
+    return qh_form == 1 ? 0 : qh_form >= 3 ? qh_form : dflt;
+}
+
 extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *err)
 {
     if (!c || !p) return sl_err_set(err, SL_EINVAL, "sl_gpu_set_probe: NULL argument");
@@ -898,8 +905,8 @@ extern "C" int sl_gpu_set_probe(sl_gpu_ctx *c, const sl_gpu_probe *p, sl_err *er
     }
     c->gt_stg = GT_STG && !p->plain_start;
     c->gtd_flag = !p->wait_select;
-    c->gt_qh = p->qh_form == 1 ? 0 : p->qh_form >= 3 ? p->qh_form : GT_QH;
-    c->gtd_qh = p->qh_form == 1 ? 0 : p->qh_form >= 3 ? p->qh_form : GTD_QH;
+    c->gt_qh = qh_of_probe(p->qh_form, GT_QH);
+    c->gtd_qh = qh_of_probe(p->qh_form, GTD_QH);
     c->rs.stamps = p->gu_stamps;
     c->dn_stamps = p->dn_stamps;
     c->rt_stamps = p->rt_stamps;
@@ -1353,9 +1360,9 @@ static int check_down(const sl_gpu_ctx *c, const void *dev, const void *host, ui
 /* The async upload without its checks: raw_bytes <= c->pk_cap. */
 static int upload_down(sl_gpu_ctx *c, void *dev, const void *host, uint64_t raw_bytes, sl_err *err)
 {
-    if (c->n_pk_wait == PK_RING) CK(join_copies(c), "pack the downs copied so far");
+    if (c->n_pk_wait == PK_RING) CK(join_copies(c), "tile the downs copied so far");
     const uint32_t r = c->pk_next % PK_RING; /* not waiting: the waiting ones are the last */
-    if (c->pk[r].recorded)                   /* its last packing has read it */
+    if (c->pk[r].recorded)                   /* its last tiling has read it */
         CK(cudaStreamWaitEvent(c->copy, c->pk[r].done, 0), "cudaStreamWaitEvent(copy, pack)");
     const int rc = sl_gpu_upload_async(c, c->pk[r].buf, host, raw_bytes, err);
     if (rc) return rc;
@@ -1393,7 +1400,7 @@ extern "C" int sl_gpu_upload_down(sl_gpu_ctx *c, void *dev, const void *host, ui
         rc = upload_down(c, (uint8_t *)dev + t * nb * SL_Q3K_TB, (const uint8_t *)host + t * tile,
                          (n - t < per ? n - t : per) * tile, err);
     if (rc) return rc;
-    CK(join_copies(c), "pack the down");
+    CK(join_copies(c), "tile the down");
     CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(upload_down)");
     return 0;
 }
