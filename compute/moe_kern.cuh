@@ -1614,7 +1614,7 @@ k_dot2_q3_k(const uint8_t *row, const int8_t *__restrict__ aq, const float *__re
  * activation (32 codes, one scale) serves both rows; each row's low fields sit at shift
  * 4 (p & 1) + 2 (row & 1) of the quad's words, its high bits at bit 2p + (row & 1) of
  * the 8 rows' words. UNR: blocks whose chains the compiler interleaves. */
-template <int UNR = 2>
+template <int UNR = 1>
 __device__ __forceinline__ void k_dot_tb_q3_k(const uint8_t *tile, const int8_t *__restrict__ aq,
                                               const float *__restrict__ ad, uint32_t nb, int lane,
                                               float (&acc)[2])
