@@ -328,7 +328,7 @@ static cudaError_t launch_quant_h(const sl_gpu_ctx *c, const sl_kscratch &s, uin
     return k_launch(k_quant_h_pdl, (groups + 7) / 8, 256, 0, st, pdl, s, groups, gpe, mask);
 }
 
-/* Notes the layout of slot's down in c->all (packed in device memory, raw in host
+/* Notes the layout of slot's down in c->all (tiled in device memory, raw in host
  * memory) and whether the token's downs need the register-staged kernel. */
 static void note_down(sl_gpu_ctx *c, uint32_t slot)
 {
@@ -341,7 +341,7 @@ static void note_down(sl_gpu_ctx *c, uint32_t slot)
 }
 
 /* The merged shared expert into c->all, at slot n_used (merged only from device memory:
- * its down is packed). */
+ * its down is tiled). */
 static void merge_shared(sl_gpu_ctx *c)
 {
     const uint32_t n = c->shape.n_used;
@@ -364,7 +364,7 @@ static sl_ktab slots_tab(const sl_gpu_ctx *c, uint32_t mask)
 
 /* Down of the table's experts and their fixed-order sum (+ extra); with part (tma
  * only), each expert's rows written apart there at its slot instead (k_combine sums).
- * The bulk-copy kernel takes a table of packed downs only (device memory), or, with
+ * The bulk-copy kernel takes a table of tiled downs only (device memory), or, with
  * part, of raw ones only (tab.pk says which). */
 static cudaError_t launch_down(const sl_gpu_ctx *c, const sl_ktab &tab, const sl_kscratch &s,
                                const float *extra, float *out_f32, uint16_t *out, cudaStream_t st,
@@ -590,8 +590,8 @@ static int open_inner(sl_gpu_ctx *c, sl_err *err)
     c->pk_cap = (uint64_t)s->dim * (s->inter / 256) * 110;
     for (int i = 0; i < PK_RING; i++) {
         CK(cudaEventCreateWithFlags(&c->pk[i].done, cudaEventDisableTiming),
-           "cudaEventCreate(pack)");
-        CK(cudaMalloc((void **)&c->pk[i].buf, c->pk_cap), "cudaMalloc(pack stage)");
+           "cudaEventCreate(tile)");
+        CK(cudaMalloc((void **)&c->pk[i].buf, c->pk_cap), "cudaMalloc(tiling stage)");
     }
     CK(cudaEventCreateWithFlags(&c->ev_in, cudaEventDisableTiming), "cudaEventCreate(in)");
     CK(cudaEventCreateWithFlags(&c->ev_sh, cudaEventDisableTiming), "cudaEventCreate(shared)");
@@ -1238,7 +1238,7 @@ extern "C" int sl_gpu_moe_finish(sl_gpu_ctx *c, uint16_t *out, float *out_f32, s
     CK(join_copies(c), "wait for the copies");
     if (c->early) { /* the rest's down apart too, then the sum of every slot in order */
         const uint32_t rest = ((1u << nq) - 1) & ~c->early;
-        if (rest) { /* packed (device memory) and raw (host memory) downs apart */
+        if (rest) { /* tiled (device memory) and raw (host memory) downs apart */
             CK(launch_quant_h(c, c->rs, nq, rest & ~c->qh_done, c->main, pdl_q),
                "k_quant_h (rest)");
             const uint32_t by[2] = {rest & c->all.pk, rest & ~c->all.pk};
@@ -1363,7 +1363,7 @@ static int upload_down(sl_gpu_ctx *c, void *dev, const void *host, uint64_t raw_
     if (c->n_pk_wait == PK_RING) CK(join_copies(c), "tile the downs copied so far");
     const uint32_t r = c->pk_next % PK_RING; /* not waiting: the waiting ones are the last */
     if (c->pk[r].recorded)                   /* its last tiling has read it */
-        CK(cudaStreamWaitEvent(c->copy, c->pk[r].done, 0), "cudaStreamWaitEvent(copy, pack)");
+        CK(cudaStreamWaitEvent(c->copy, c->pk[r].done, 0), "cudaStreamWaitEvent(copy, tile)");
     const int rc = sl_gpu_upload_async(c, c->pk[r].buf, host, raw_bytes, err);
     if (rc) return rc;
     c->pk_wait[c->n_pk_wait].ring = r;

@@ -40,7 +40,7 @@ struct sl_kexp {
 };
 struct sl_ktab {
     int n;
-    unsigned pk; /* bit i: e[i].down is in packed Q3_K blocks (SL_Q3K_PACKED; device memory) */
+    unsigned pk; /* bit i: e[i].down is tiled in device memory (SL_Q3K_TB), else raw */
     sl_kexp e[SL_GPU_MAX_USED];
 };
 
