@@ -1338,6 +1338,13 @@ extern "C" uint64_t sl_gpu_packed_bytes(uint64_t raw_bytes)
     return raw_bytes / 110 * (SL_Q3K_TB / 8);
 }
 
+/* Raw bytes of one 8-row tile of the context's down rows (inter / 256 blocks a row): the
+ * unit the tiled layout takes. */
+static uint64_t down_tile_bytes(const sl_gpu_ctx *c)
+{
+    return 8ull * (c->shape.inter / 256) * 110;
+}
+
 /* The checks of both uploads of a Q3_K down (rows of the context's inter). */
 static int check_down(const sl_gpu_ctx *c, const void *dev, const void *host, uint64_t raw_bytes,
                       const char *fn, sl_err *err)
@@ -1346,7 +1353,7 @@ static int check_down(const sl_gpu_ctx *c, const void *dev, const void *host, ui
     if (!raw_bytes || raw_bytes % 110)
         return sl_err_set(err, SL_EINVAL, "%s: %llu bytes are not whole Q3_K blocks (110 each)", fn,
                           (unsigned long long)raw_bytes);
-    const uint64_t tile = 8ull * (c->shape.inter / 256) * 110;
+    const uint64_t tile = down_tile_bytes(c);
     if (raw_bytes % tile)
         return sl_err_set(err, SL_EINVAL,
                           "%s: %llu bytes are not whole 8-row tiles of the context's down rows "
@@ -1368,7 +1375,7 @@ static int upload_down(sl_gpu_ctx *c, void *dev, const void *host, uint64_t raw_
     if (rc) return rc;
     c->pk_wait[c->n_pk_wait].ring = r;
     c->pk_wait[c->n_pk_wait].dst = (uint8_t *)dev;
-    c->pk_wait[c->n_pk_wait].n = raw_bytes / (8ull * (c->shape.inter / 256) * 110);
+    c->pk_wait[c->n_pk_wait].n = raw_bytes / down_tile_bytes(c);
     c->n_pk_wait++;
     c->pk_next++;
     return 0;
@@ -1394,11 +1401,11 @@ extern "C" int sl_gpu_upload_down(sl_gpu_ctx *c, void *dev, const void *host, ui
     if (!c) return sl_err_set(err, SL_EINVAL, "sl_gpu_upload_down: NULL context");
     int rc = check_down(c, dev, host, raw_bytes, "sl_gpu_upload_down", err);
     if (rc) return rc;
-    const uint64_t nb = c->shape.inter / 256, tile = 8 * nb * 110; /* raw bytes of a tile */
-    const uint64_t n = raw_bytes / tile, per = c->pk_cap / tile;   /* tiles: all, a stage's */
-    for (uint64_t t = 0; t < n && !rc; t += per)                   /* a stage's worth at a time */
-        rc = upload_down(c, (uint8_t *)dev + t * nb * SL_Q3K_TB, (const uint8_t *)host + t * tile,
-                         (n - t < per ? n - t : per) * tile, err);
+    const uint64_t tile = down_tile_bytes(c);
+    const uint64_t n = raw_bytes / tile, per = c->pk_cap / tile; /* tiles: all, a stage's */
+    for (uint64_t t = 0; t < n && !rc; t += per)                 /* a stage's worth at a time */
+        rc = upload_down(c, (uint8_t *)dev + sl_gpu_packed_bytes(t * tile),
+                         (const uint8_t *)host + t * tile, (n - t < per ? n - t : per) * tile, err);
     if (rc) return rc;
     CK(join_copies(c), "tile the down");
     CK(cudaStreamSynchronize(c->main), "cudaStreamSynchronize(upload_down)");

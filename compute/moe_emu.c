@@ -76,9 +76,7 @@ float sl_emu_dot_q2_k(const void *row, const sl_emu_act *act)
 /* The 6-bit scale k of a Q3_K block, minus 32. */
 static int q3_k_scale(const uint8_t *sc, int k)
 {
-    const int lo = (sc[k & 7] >> (4 * (k >> 3))) & 15;
-    const int hi = (sc[8 + (k & 3)] >> (2 * (k >> 2))) & 3;
-    return (lo | hi << 4) - 32;
+    return (int)sl_emu_q3_k_scale6(sc, (uint32_t)k) - 32;
 }
 
 /* Q3_K, 8 lanes per row: lane g owns group g of every block, in increasing b. */
@@ -294,33 +292,12 @@ void sl_emu_pack_q3_k(const uint8_t *src, uint64_t n, uint8_t *dst)
 
 void sl_emu_pack_q3_k_tb(const uint8_t *src, uint32_t rows, uint32_t nb, uint8_t *dst)
 {
+    const uint64_t stride = (uint64_t)nb * 110; /* a raw row */
     for (uint32_t i = 0; i < rows / 8; i++)
         for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *blk0 = src + (size_t)8 * i * stride + (size_t)b * 110;
             uint8_t *tb = dst + ((size_t)i * nb + b) * SL_Q3K_TB;
-            memset(tb, 0, SL_Q3K_TB);
-            for (int m = 0; m < 8; m++) {
-                const uint8_t *blk = src + ((size_t)(8 * i + m) * nb + b) * 110;
-                for (int g = 0; g < 8; g++)
-                    for (int k = 0; k < 32; k++) {
-                        const int at = 128 * (k >> 4) + 16 * g + (k & 15);
-                        const int lo = (blk[32 + 32 * (g >> 2) + k] >> (2 * (g & 3))) & 3;
-                        tb[256 * (m >> 2) + at] |= (uint8_t)(lo << (2 * (m & 3)));
-                        tb[512 + at] |= (uint8_t)(((blk[k] >> g) & 1) << m);
-                    }
-                tb[864 + 2 * m] = blk[108];
-                tb[865 + 2 * m] = blk[109];
-            }
-            for (int l = 0; l < 32; l++) {
-                const int p = l >> 3, g = l & 7;
-                uint32_t z = 0;
-                for (int q = 0; q < 4; q++) { /* row 2p + q / 2, sub-block 2g + q % 2 */
-                    const uint8_t *sc = src + ((size_t)(8 * i + 2 * p + q / 2) * nb + b) * 110 + 96;
-                    z |= (uint32_t)(q3_k_scale(sc, 2 * g + q % 2) + 32) << (6 * q);
-                }
-                tb[768 + 2 * l] = (uint8_t)z;
-                tb[769 + 2 * l] = (uint8_t)(z >> 8);
-                tb[832 + l] = (uint8_t)(z >> 16);
-            }
+            for (uint32_t q = 0; q < SL_Q3K_TB; q++) tb[q] = sl_emu_q3_k_tb_byte(blk0, stride, q);
         }
 }
 

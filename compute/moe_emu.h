@@ -311,6 +311,43 @@ void sl_emu_pack_q3_k(const uint8_t *src, uint64_t n, uint8_t *dst);
  * The values are the raw blocks'; only the layout differs. */
 #define SL_Q3K_TB 896
 
+/* The unsigned 6-bit scale of sub-block k (0..15) from a Q3_K block's 12 scale bytes sc
+ * (the value is this minus 32). */
+SL_HD uint32_t sl_emu_q3_k_scale6(const uint8_t *sc, uint32_t k)
+{
+    const uint32_t lo = (sc[k & 7] >> (4 * (k >> 3))) & 15u;
+    const uint32_t hi = (sc[8 + (k & 3)] >> (2 * (k >> 2))) & 3u;
+    return lo | hi << 4;
+}
+
+/* Byte q (0 .. SL_Q3K_TB - 1) of the tiled block whose 8 raw blocks (rows m = 0..7) sit
+ * at blk0 + m * stride: the layout above, gathered a byte at a time. The one definition
+ * of the layout, for sl_emu_pack_q3_k_tb and the GPU's k_pack_q3_k_tb. */
+SL_HD uint8_t sl_emu_q3_k_tb_byte(const uint8_t *blk0, uint64_t stride, uint32_t q)
+{
+    uint32_t v = 0;
+    if (q < 768) { /* low fields (quad q / 256) or high bits: position k of group g */
+        const uint32_t at = q & 255, g = (at >> 4) & 7, k = 16 * (at >> 7) + (at & 15);
+        if (q < 512)
+            for (uint32_t m = 0; m < 4; m++) {
+                const uint8_t *blk = blk0 + (4 * (q >> 8) + m) * stride;
+                v |= ((blk[32 + 32 * (g >> 2) + k] >> (2 * (g & 3))) & 3u) << (2 * m);
+            }
+        else
+            for (uint32_t m = 0; m < 8; m++) v |= ((blk0[m * stride + k] >> g) & 1u) << m;
+    } else if (q < 864) { /* a byte of lane l's 24 scale bits */
+        const uint32_t l = q < 832 ? (q - 768) >> 1 : q - 832;
+        const uint32_t sh = q < 832 ? 8 * ((q - 768) & 1) : 16, p = l >> 3, g = l & 7;
+        uint32_t z = 0;
+        for (uint32_t i = 0; i < 4; i++) /* row 2p + i / 2, sub-block 2g + i % 2 */
+            z |= sl_emu_q3_k_scale6(blk0 + (2 * p + i / 2) * stride + 96, 2 * g + i % 2) << (6 * i);
+        v = (z >> sh) & 255u;
+    } else if (q < 880) { /* row m's d */
+        v = blk0[((q - 864) >> 1) * stride + 108 + (q & 1)];
+    }
+    return (uint8_t)v;
+}
+
 /* Tiles rows (a multiple of 8) raw Q3_K rows of nb blocks from src into dst
  * (rows / 8 * nb * SL_Q3K_TB bytes); sl_gpu_upload_down's bytes. */
 void sl_emu_pack_q3_k_tb(const uint8_t *src, uint32_t rows, uint32_t nb, uint8_t *dst);

@@ -198,8 +198,8 @@ __device__ __forceinline__ void k_ld8(const uint8_t *p, uint32_t (&w)[8])
 
 /* Tiles Q3_K down rows into the tiled layout (SL_Q3K_TB, moe_emu.h): src holds tiles *
  * 8 raw rows of nb blocks (110 bytes each, 2-byte aligned), dst gets tiles * nb tiled
- * blocks (16-byte aligned); a thread a word of dst, read from the raw bytes it gathers.
- * sl_emu_pack_q3_k_tb's bytes. */
+ * blocks (16-byte aligned); a thread a word of dst, its bytes gathered by
+ * sl_emu_q3_k_tb_byte (sl_emu_pack_q3_k_tb's function). */
 __global__ void k_pack_q3_k_tb(const uint8_t *__restrict__ src, uint32_t tiles, uint32_t nb,
                                uint8_t *__restrict__ dst)
 {
@@ -207,40 +207,12 @@ __global__ void k_pack_q3_k_tb(const uint8_t *__restrict__ src, uint32_t tiles, 
     const uint64_t w = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (w >= (uint64_t)tiles * nb * wpb) return;
     const uint64_t tb = w / wpb; /* the tiled block: tile tb / nb, block tb % nb */
-    const uint32_t o = (uint32_t)(w % wpb) * 4, b = (uint32_t)(tb % nb);
-    const uint64_t r0 = tb / nb * 8; /* the tile's first row */
-    auto blk = [&](uint32_t m) { return src + ((r0 + m) * nb + b) * 110; };
+    const uint32_t o = (uint32_t)(w % wpb) * 4;
+    const uint64_t stride = (uint64_t)nb * 110; /* a raw row */
+    const uint8_t *blk0 = src + tb / nb * 8 * stride + tb % nb * 110;
     uint32_t word = 0;
-    for (uint32_t t = 0; t < 4; t++) {
-        const uint32_t q = o + t; /* the byte */
-        uint32_t v = 0;
-        if (q < 768) { /* lo (quad q >> 8) or hi: position k of group g */
-            const uint32_t at = q & 255, hi = q >= 512, g = (at >> 4) & 7;
-            const uint32_t k = 16 * (at >> 7) + (at & 15);
-            if (!hi)
-                for (uint32_t m = 0; m < 4; m++) {
-                    const uint8_t *p = blk(4 * (q >> 8) + m);
-                    v |= ((p[32 + 32 * (g >> 2) + k] >> (2 * (g & 3))) & 3u) << (2 * m);
-                }
-            else
-                for (uint32_t m = 0; m < 8; m++) v |= ((blk(m)[k] >> g) & 1u) << m;
-        } else if (q < 864) { /* byte of lane l's 24 scale bits */
-            const uint32_t l = q < 832 ? (q - 768) >> 1 : q - 832;
-            const uint32_t sh = q < 832 ? 8 * ((q - 768) & 1) : 16, p = l >> 3, g = l & 7;
-            uint32_t z = 0;
-            for (uint32_t i = 0; i < 4; i++) { /* row 2p + i / 2, sub-block 2g + i % 2 */
-                const uint8_t *sc = blk(2 * p + i / 2) + 96;
-                const uint32_t k = 2 * g + i % 2;
-                const uint32_t lo = (sc[k & 7] >> (4 * (k >> 3))) & 15u;
-                const uint32_t hb = (sc[8 + (k & 3)] >> (2 * (k >> 2))) & 3u;
-                z |= (lo | hb << 4) << (6 * i);
-            }
-            v = (z >> sh) & 255u;
-        } else if (q < 880) { /* row m's d */
-            v = blk((q - 864) >> 1)[108 + (q & 1)];
-        }
-        word |= v << (8 * t);
-    }
+    for (uint32_t t = 0; t < 4; t++)
+        word |= (uint32_t)sl_emu_q3_k_tb_byte(blk0, stride, o + t) << (8 * t);
     ((uint32_t *)dst)[w] = word;
 }
 
