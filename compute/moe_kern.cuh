@@ -110,7 +110,14 @@ struct sl_kttab {
  * 0 entry, 1 past the previous kernel (and, gate/up, x landed), 2 + 2i unit i's bytes
  * landed and 3 + 2i unit i done (i < SL_KSTAMP_UNITS), 28 (the device-table gate/up's
  * group 0) the selection's table read, 29 (the device-table gate/up) past its final wait
- * for the selection's grid, 30 the group's end, 31 its units. */
+ * for the selection's grid, 30 the group's end, 31 its units (low 32 bits) and its SM. */
+__device__ __forceinline__ uint32_t k_smid()
+{
+    uint32_t id;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(id));
+    return id;
+}
+
 __device__ __forceinline__ void k_stamp(unsigned long long *rec, uint32_t slot)
 {
     if (rec) rec[slot] = k_globaltimer();
@@ -132,7 +139,7 @@ __device__ __forceinline__ void k_stamp_unit(unsigned long long *rec, uint32_t i
 __device__ __forceinline__ void k_stamp_end(unsigned long long *rec, uint32_t units)
 {
     k_stamp(rec, 30);
-    if (rec) rec[31] = units;
+    if (rec) rec[31] = units | (unsigned long long)k_smid() << 32;
 }
 
 __device__ __forceinline__ float k_half(const uint8_t *p)

@@ -10,12 +10,15 @@
  * device-routed layer's GPU timeline from event marks.
  *
  * usage: bench-moe [-o FILE.md] [--pool N] [--iters N] [--zc-all] [--quick [--also V]...
- *        [--passes N]] [--carveout PCT]
+ *        [--passes N]] [--carveout PCT] [--stamps FILE]
  * --quick: the shipped kernels and the two before them (and each --also V; all of them
  * --passes N times, so that each is also timed after the others), the experts-a-launch
  * fit and the kernels' milestones only; --carveout: the shared-memory carveout the
- * shipped kernels prefer (all the same, so that no SM changes its L1 split between them).
+ * shipped kernels prefer (all the same, so that no SM changes its L1 split between them);
+ * --stamps: every milestone table's raw records (a CTA's group each, with its SM) appended
+ * to FILE, for looking at one launch by hand.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
@@ -45,6 +48,7 @@ typedef struct opts {
     int passes; /* --quick: its rows this many times over (--passes N) */
     int n_also; /* --quick: these variants' rows too (--also V) */
     int also[8];
+    const char *stamps; /* --stamps FILE: the milestone tables' raw records appended here */
 } opts;
 
 /* Whether --quick runs variant v's row. */
@@ -224,7 +228,8 @@ static void stamp_row(const unsigned long long *st, unsigned long long t0, const
     int n = 0;
     for (int r = 0; r < MB_ST_RECS; r++) {
         const unsigned long long *s = st + (size_t)r * MB_ST_SLOTS;
-        if (!s[30] || (unit >= 0 && s[31] <= (unsigned long long)unit) || !s[slot]) continue;
+        if (!s[30] || (unit >= 0 && (s[31] & 0xffffffffu) <= (unsigned long long)unit) || !s[slot])
+            continue;
         v[n] = (double)(s[slot] - t0) / 1e3;
         d[n] = prev >= 0 && s[prev] ? us_after(s[slot], s[prev]) : 0.0;
         n++;
@@ -236,9 +241,91 @@ static void stamp_row(const unsigned long long *st, unsigned long long t0, const
         v[n * 9 / 10], v[n - 1], d[n / 2], n);
 }
 
+/* A table's raw records appended to file `dump` (bench-moe --stamps FILE): a line
+ * "# what", then one line a record: its index (CTA * groups + group), each slot in us
+ * after t0 (-1: not stamped), its units and its SM. */
+static void stamp_dump(const unsigned long long *st, unsigned long long t0, const char *what,
+                       const char *dump)
+{
+    FILE *f = fopen(dump, "a");
+    if (!f) DIE("--stamps %s: %s", dump, strerror(errno));
+    fprintf(f, "# %s\n", what);
+    for (int r = 0; r < MB_ST_RECS; r++) {
+        const unsigned long long *s = st + (size_t)r * MB_ST_SLOTS;
+        if (!s[30]) continue;
+        fprintf(f, "%d", r);
+        for (int k = 0; k < 31; k++) fprintf(f, " %.3f", s[k] ? us_after(s[k], t0) : -1.0);
+        fprintf(f, " %llu %llu\n", s[31] & 0xffffffffu, s[31] >> 32);
+    }
+    if (fclose(f)) DIE("--stamps %s: %s", dump, strerror(errno));
+}
+
+/* One SM's records of a launch, summed: its last end, its groups' first start, and over
+ * its units the time each waited for its bytes (landed after the unit before was done,
+ * or after the start) and the time each took once landed. */
+typedef struct sm_sum {
+    double end, start, wait, comp;
+    int units;
+} sm_sum;
+
+static int cmp_sm_end(const void *a, const void *b)
+{
+    const double x = ((const sm_sum *)a)->end, y = ((const sm_sum *)b)->end;
+    return (x > y) - (x < y);
+}
+
+/* The mean of the per-unit wait, compute, and start of SMs [a, b) of sm (sorted). */
+static void sm_fifth(const sm_sum *sm, int a, int b, double out[3])
+{
+    double w = 0, c = 0, s = 0;
+    int u = 0;
+    for (int i = a; i < b; i++)
+        w += sm[i].wait, c += sm[i].comp, s += sm[i].start, u += sm[i].units;
+    out[0] = u ? w / u : 0, out[1] = u ? c / u : 0, out[2] = b > a ? s / (b - a) : 0;
+}
+
+/* Where a launch's spread of ends comes from: its records grouped by SM (k_stamp_end's
+ * %smid), the fifth of the SMs that ended last against the fifth that ended first. */
+static void stamp_by_sm(const unsigned long long *st, unsigned long long t0)
+{
+    static sm_sum sm[1024];
+    static int seen[1024];
+    memset(seen, 0, sizeof seen);
+    int n = 0;
+    for (int r = 0; r < MB_ST_RECS; r++) {
+        const unsigned long long *s = st + (size_t)r * MB_ST_SLOTS;
+        const unsigned id = (unsigned)(s[31] >> 32), units = (unsigned)(s[31] & 0xffffffffu);
+        if (!s[30] || !s[1] || id >= 1024) continue;
+        if (!seen[id]) seen[id] = ++n, sm[n - 1] = (sm_sum){0, 1e30, 0, 0, 0};
+        sm_sum *m = &sm[seen[id] - 1];
+        const double end = us_after(s[30], t0), start = us_after(s[1], t0);
+        if (end > m->end) m->end = end;
+        if (start < m->start) m->start = start;
+        double prev = start;
+        for (unsigned i = 0; i < units && i < MB_ST_UNITS; i++) {
+            if (!s[2 + 2 * i] || !s[3 + 2 * i]) break;
+            const double l = us_after(s[2 + 2 * i], t0), d = us_after(s[3 + 2 * i], t0);
+            m->wait += l > prev ? l - prev : 0.0;
+            m->comp += d - l;
+            m->units++;
+            prev = d;
+        }
+    }
+    if (n < 5) return;
+    qsort(sm, n, sizeof *sm, cmp_sm_end);
+    double lo[3], hi[3];
+    sm_fifth(sm, 0, n / 5, lo);
+    sm_fifth(sm, n - n / 5, n, hi);
+    say("By SM (%d SMs): the last end of each, first %.2f, median %.2f, last %.2f us. The "
+        "fifth that ended last against the fifth that ended first: each unit waited %.2f "
+        "against %.2f us for its bytes and took %.2f against %.2f us once landed; the SM's "
+        "first group started at %.2f against %.2f us.\n\n",
+        n, sm[0].end, sm[n / 2].end, sm[n - 1].end, hi[0], lo[0], hi[1], lo[1], hi[2], lo[2]);
+}
+
 /* The milestones of a weight-streaming kernel's last launch (k_stamp's records, a CTA's
  * group each), in us from the earliest entry on the GPU's clock. */
-static void stamp_table(const unsigned long long *st, const char *what)
+static void stamp_table(const unsigned long long *st, const char *what, const char *dump)
 {
     unsigned long long t0 = ~0ull, t1 = 0;
     int nrec = 0;
@@ -255,6 +342,7 @@ static void stamp_table(const unsigned long long *st, const char *what)
     }
     say("%s: %d records (a CTA's group each), %.1f us from the first entry to the last end\n\n",
         what, nrec, (double)(t1 - t0) / 1e3);
+    if (dump) stamp_dump(st, t0, what, dump);
     say("| milestone | p10 us | median us | p90 us | max us | median after the row before, us "
         "| records |\n|---|---|---|---|---|---|---|\n");
     stamp_row(st, t0, "entry", 0, -1, -1);
@@ -268,6 +356,7 @@ static void stamp_table(const unsigned long long *st, const char *what)
     }
     stamp_row(st, t0, "end", 30, 0, -1);
     say("\n");
+    stamp_by_sm(st, t0);
 }
 
 /* The first, median and last of slot `slot` over a kernel's records (stride slots a
@@ -395,7 +484,7 @@ static void routed_row(const routed_ctx *r, int v, char *phases)
 
 int main(int argc, char **argv)
 {
-    opts o = {NULL, 36, 200, 0, 0, 0, 1, 0, {0}};
+    opts o = {NULL, 36, 200, 0, 0, 0, 1, 0, {0}, NULL};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc)
             o.out = argv[++i];
@@ -407,6 +496,8 @@ int main(int argc, char **argv)
             o.zc_all = 1;
         else if (!strcmp(argv[i], "--quick"))
             o.quick = 1;
+        else if (!strcmp(argv[i], "--stamps") && i + 1 < argc)
+            o.stamps = argv[++i];
         else if (!strcmp(argv[i], "--carveout") && i + 1 < argc)
             o.carve = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--passes") && i + 1 < argc)
@@ -418,7 +509,7 @@ int main(int argc, char **argv)
             o.n_also++;
         } else {
             printf("usage: bench-moe [-o FILE.md] [--pool N (36)] [--iters N (200)] [--zc-all] "
-                   "[--quick [--also V]... [--passes N]] [--carveout PCT]\n");
+                   "[--quick [--also V]... [--passes N]] [--carveout PCT] [--stamps FILE]\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -597,7 +688,7 @@ int main(int argc, char **argv)
                         DIE("%s", err.msg);
                     snprintf(what, sizeof what, "Milestones of the %s (%s), %u expert%s",
                              k ? "down" : "gate/up", mb_variant_name(v), n, n > 1 ? "s" : "");
-                    stamp_table(st, what);
+                    stamp_table(st, what, o.stamps);
                 }
             }
     }
@@ -963,7 +1054,7 @@ int main(int argc, char **argv)
                          : ws == 4 ? ", the norm inside the router"
                          : ws == 5 ? ", the norm as its own kernel"
                                    : "");
-                stamp_table(st, what);
+                stamp_table(st, what, o.stamps);
             }
         }
         {
