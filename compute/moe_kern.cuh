@@ -2307,6 +2307,7 @@ __global__ void __launch_bounds__(1024)
     if (e == 0) n_cand = 0;
     unsigned long long *rec = stamps && e == 0 ? stamps : nullptr;
     k_stamp(rec, SL_GPU_RT_SEL_ENTRY);
+    if (rec) rec[SL_GPU_RT_SEL_SM] = k_smid() + 1ull;
     /* wait first, then let the gate/up start: the gate/up reads the router's x image
      * before its own wait, relying on this order (k_gateup_tma_body, DEV) */
     k_pdl_wait();

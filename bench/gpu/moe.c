@@ -411,6 +411,18 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
                                                              "end (host's picks written)"};
     for (int k = 0; k <= SL_GPU_RT_SEL_END; k++)
         if (rt[k]) say("| selection | %s | | %.2f | | 1 |\n", sname[k], us_after(rt[k], t0));
+    char beside[512] = "";
+    size_t nb = 0;
+    for (int r = 0; r < MB_ST_RECS && rt[SL_GPU_RT_SEL_SM]; r++) { /* the selection's SM */
+        const unsigned long long *s = gu + (size_t)r * MB_ST_SLOTS;
+        if (!s[30] || (s[31] >> 32) + 1 != rt[SL_GPU_RT_SEL_SM] || !s[2]) continue;
+        const int w = snprintf(beside + nb, sizeof beside - nb,
+                               "%s CTA %d group %d (its first "
+                               "unit landed at %.2f us)",
+                               nb ? "," : "", r / 2, r % 2, us_after(s[2], t0));
+        if (w < 0 || (size_t)w >= sizeof beside - nb) break;
+        nb += (size_t)w;
+    }
     static const int slot[5] = {0, 28, 1, 30, 29};
     static const char *const gname[5] = {"entry", "the table read (group 0's warp 0)",
                                          "x and the table landed", "end",
@@ -427,6 +439,9 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
                     w ? dname[k] : gname[k], v[0], v[1], v[2], n);
         }
     say("\n");
+    if (rt[SL_GPU_RT_SEL_SM])
+        say("The selection ran on SM %llu, beside the gate/up's%s.\n\n", rt[SL_GPU_RT_SEL_SM] - 1,
+            nb ? beside : " (no group of it)");
 }
 
 /* What a row of the routed-experts table needs. */
