@@ -308,7 +308,8 @@ typedef struct sl_gpu_probe {
 /* rt_stamps (sl_gpu_route_start's kernels, %globaltimer ns): the selection's thread 0
  * at [SL_GPU_RT_SEL_*]: entry, past its wait for the router, scores and warp maxima
  * done, picks ranked, the picks' weights, slots and device-tier entries known, table
- * published, end (the host's picks written), and at SL_GPU_RT_SEL_SM its SM's id + 1;
+ * published, end (the host's picks written), at SL_GPU_RT_SEL_SM its SM's id + 1 and
+ * at SL_GPU_RT_SEL_CLK + each of those slots the SM's cycle count at that moment;
  * the router's CTA c at SL_GPU_RT_ROUTER + 4c: entry, past its wait for the kernel
  * before, end, x in shared memory. */
 enum {
@@ -320,6 +321,7 @@ enum {
     SL_GPU_RT_SEL_PUBLISHED,
     SL_GPU_RT_SEL_END,
     SL_GPU_RT_SEL_SM,
+    SL_GPU_RT_SEL_CLK, /* + SL_GPU_RT_SEL_*: the same moments in the SM's clock64 */
     SL_GPU_RT_ROUTER = 16,
     SL_GPU_RT_STAMPS = SL_GPU_RT_ROUTER + 4 * 256 /* n_expert <= 1024, 4 experts a CTA */
 };

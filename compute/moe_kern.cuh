@@ -2255,6 +2255,15 @@ __device__ __forceinline__ unsigned long long k_sel_key(float kv, uint32_t e)
     return (unsigned long long)o << 32 | ~e;
 }
 
+/* The selection's milestone: %globaltimer at slot, the SM's clock64 at SL_GPU_RT_SEL_CLK
+ * + slot (bench: whether a slow phase ran at a lower clock or waited). */
+__device__ __forceinline__ void k_stamp_sel(unsigned long long *rec, uint32_t slot)
+{
+    if (!rec) return;
+    rec[SL_GPU_RT_SEL_CLK + slot] = (unsigned long long)clock64();
+    rec[slot] = k_globaltimer();
+}
+
 /* The selection of router.c on the device, bit for bit (router.h states the rules):
  * scores by score.h, keys = score + bias (NaN -> -inf), the k best keys with the lower
  * index first on ties, weights from the unbiased scores. One CTA, thread e owns expert
@@ -2306,13 +2315,13 @@ __global__ void __launch_bounds__(1024)
     }
     if (e == 0) n_cand = 0;
     unsigned long long *rec = stamps && e == 0 ? stamps : nullptr;
-    k_stamp(rec, SL_GPU_RT_SEL_ENTRY);
+    k_stamp_sel(rec, SL_GPU_RT_SEL_ENTRY);
     if (rec) rec[SL_GPU_RT_SEL_SM] = k_smid() + 1ull;
     /* wait first, then let the gate/up start: the gate/up reads the router's x image
      * before its own wait, relying on this order (k_gateup_tma_body, DEV) */
     k_pdl_wait();
     k_pdl_go();
-    k_stamp(rec, SL_GPU_RT_SEL_WAITED);
+    k_stamp_sel(rec, SL_GPU_RT_SEL_WAITED);
     float sc = 0.0f;
     unsigned long long key = 0;
     if (e < n_expert) {
@@ -2325,7 +2334,7 @@ __global__ void __launch_bounds__(1024)
     const uint32_t lo = __reduce_max_sync(~0u, (uint32_t)(key >> 32) == hi ? (uint32_t)key : 0u);
     if (lane == 0) wmax[warp] = (unsigned long long)hi << 32 | lo;
     __syncthreads();
-    k_stamp(rec, SL_GPU_RT_SEL_SCORED);
+    k_stamp_sel(rec, SL_GPU_RT_SEL_SCORED);
     /* every warp: T, the k-th largest warp maximum (0, below every key, with fewer than
      * k warps) */
     const unsigned long long mw = lane < nw ? wmax[lane] : 0ull;
@@ -2366,7 +2375,7 @@ __global__ void __launch_bounds__(1024)
     __syncwarp();
     if (forced && e < k) pick[e] = f_ex;
     __syncwarp();
-    k_stamp(rec, SL_GPU_RT_SEL_RANKED);
+    k_stamp_sel(rec, SL_GPU_RT_SEL_RANKED);
     /* Warp 0, lane r < k: rank r. Every lane adds the k scores in rank order (the
      * reference's sum). */
     const uint32_t r = lane;
@@ -2390,7 +2399,7 @@ __global__ void __launch_bounds__(1024)
         slot += eq < ex || (eq == ex && q < r);
     }
     const uint32_t started = __ballot_sync(~0u, mine && d.gate != NULL);
-    k_stamp(rec, SL_GPU_RT_SEL_TIER);
+    k_stamp_sel(rec, SL_GPU_RT_SEL_TIER);
     const bool st = mine && (started >> r & 1);
     const sl_kexp ke = {(const uint8_t *)d.gate, (const uint8_t *)d.up, (const uint8_t *)d.down, wt,
                         (int)slot};
@@ -2414,7 +2423,7 @@ __global__ void __launch_bounds__(1024)
             for (int j = 1; j <= 3; j++) k_st_relaxed64(ttab->w + 3 * lane + j, tag);
         if (lane == 0) k_st_relaxed64(ttab->w, (unsigned long long)tot << 4 | tag);
     }
-    k_stamp(rec, SL_GPU_RT_SEL_PUBLISHED);
+    k_stamp_sel(rec, SL_GPU_RT_SEL_PUBLISHED);
     if (st) tab->e[__popc(started & ((1u << r) - 1))] = ke; /* by rank among the started */
     if (lane == 0) {
         if (with_sh) tab->e[n] = sh; /* the shared expert rides along (slot k) */
@@ -2430,7 +2439,7 @@ __global__ void __launch_bounds__(1024)
     __threadfence_system(); /* every lane's writes reach the host before the number */
     __syncwarp();
     if (lane == 0) *(volatile uint32_t *)&out->seq = seq;
-    k_stamp(rec, SL_GPU_RT_SEL_END);
+    k_stamp_sel(rec, SL_GPU_RT_SEL_END);
 }
 
 /* Entries of the device tier's table: table[index[i]] = value[i], in order. */

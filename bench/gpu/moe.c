@@ -442,6 +442,17 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
     if (rt[SL_GPU_RT_SEL_SM])
         say("The selection ran on SM %llu, beside the gate/up's%s.\n\n", rt[SL_GPU_RT_SEL_SM] - 1,
             nb ? beside : " (no group of it)");
+    if (rt[SL_GPU_RT_SEL_WAITED] && rt[SL_GPU_RT_SEL_CLK + SL_GPU_RT_SEL_WAITED]) {
+        say("The selection's steps after its wait, in us and in its SM's cycles (clock64; the "
+            "ratio is the SM's clock over the step, GHz):");
+        for (int k = SL_GPU_RT_SEL_SCORED; k <= SL_GPU_RT_SEL_END; k++) {
+            const double us = us_after(rt[k], rt[k - 1]);
+            const double cyc =
+                (double)(long long)(rt[SL_GPU_RT_SEL_CLK + k] - rt[SL_GPU_RT_SEL_CLK + k - 1]);
+            say(" %s %.2f us, %.0f cycles, %.2f GHz%s", sname[k], us, cyc,
+                us > 0 ? cyc / us / 1e3 : 0.0, k < SL_GPU_RT_SEL_END ? ";" : ".\n\n");
+        }
+    }
 }
 
 /* What a row of the routed-experts table needs. */
