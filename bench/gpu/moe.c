@@ -218,6 +218,17 @@ static double us_after(unsigned long long a, unsigned long long b)
     return (double)(long long)(a - b) / 1e3;
 }
 
+/* A record's slot 31 as k_stamp_end packs it: its units (low word) and its SM. */
+static unsigned rec_units(const unsigned long long *s)
+{
+    return (unsigned)(s[31] & 0xffffffffu);
+}
+
+static unsigned rec_sm(const unsigned long long *s)
+{
+    return (unsigned)(s[31] >> 32);
+}
+
 /* One milestone row of stamp_table: over the records that reached `slot` (a unit's
  * slots: those with more than `unit` units), p10 / median / p90 / max of its time
  * from t0, and the median of its time after slot `prev` of the same record. */
@@ -228,8 +239,7 @@ static void stamp_row(const unsigned long long *st, unsigned long long t0, const
     int n = 0;
     for (int r = 0; r < MB_ST_RECS; r++) {
         const unsigned long long *s = st + (size_t)r * MB_ST_SLOTS;
-        if (!s[30] || (unit >= 0 && (s[31] & 0xffffffffu) <= (unsigned long long)unit) || !s[slot])
-            continue;
+        if (!s[30] || (unit >= 0 && rec_units(s) <= (unsigned)unit) || !s[slot]) continue;
         v[n] = (double)(s[slot] - t0) / 1e3;
         d[n] = prev >= 0 && s[prev] ? us_after(s[slot], s[prev]) : 0.0;
         n++;
@@ -255,7 +265,7 @@ static void stamp_dump(const unsigned long long *st, unsigned long long t0, cons
         if (!s[30]) continue;
         fprintf(f, "%d", r);
         for (int k = 0; k < 31; k++) fprintf(f, " %.3f", s[k] ? us_after(s[k], t0) : -1.0);
-        fprintf(f, " %llu %llu\n", s[31] & 0xffffffffu, s[31] >> 32);
+        fprintf(f, " %u %u\n", rec_units(s), rec_sm(s));
     }
     if (fclose(f)) DIE("--stamps %s: %s", dump, strerror(errno));
 }
@@ -294,7 +304,7 @@ static void stamp_by_sm(const unsigned long long *st, unsigned long long t0)
     int n = 0;
     for (int r = 0; r < MB_ST_RECS; r++) {
         const unsigned long long *s = st + (size_t)r * MB_ST_SLOTS;
-        const unsigned id = (unsigned)(s[31] >> 32), units = (unsigned)(s[31] & 0xffffffffu);
+        const unsigned id = rec_sm(s), units = rec_units(s);
         if (!s[30] || !s[1] || id >= 1024) continue;
         if (!seen[id]) seen[id] = ++n, sm[n - 1] = (sm_sum){0, 1e30, 0, 0, 0};
         sm_sum *m = &sm[seen[id] - 1];
@@ -415,7 +425,7 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
     size_t nb = 0;
     for (int r = 0; r < MB_ST_RECS && rt[SL_GPU_RT_SEL_SM]; r++) { /* the selection's SM */
         const unsigned long long *s = gu + (size_t)r * MB_ST_SLOTS;
-        if (!s[30] || (s[31] >> 32) + 1 != rt[SL_GPU_RT_SEL_SM] || !s[2]) continue;
+        if (!s[30] || rec_sm(s) + 1ull != rt[SL_GPU_RT_SEL_SM] || !s[2]) continue;
         const int w = snprintf(beside + nb, sizeof beside - nb,
                                "%s CTA %d group %d (its first "
                                "unit landed at %.2f us)",
