@@ -20,6 +20,7 @@
 #include "quant.h"
 #include "moe_emu.h"
 #include "router.h"
+#include "score.h"
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -243,6 +244,39 @@ Test(router_score, sqrt_softplus)
     rng r = {0x5eed5c0eull};
     for (int i = 0; i < 200000; i++) {
         const float v = (float)(rng_uniform(&r) * 380.0 - 360.0); /* [-740, 20) */
+        const double want = sqrt(log1p(exp((double)v)));
+        const float got = sl_router_score(v);
+        cr_expect(fabs(got - want) <= ulp_of((float)want), "score(%.9g) = %.9g, want %.12g",
+                  (double)v, (double)got, want);
+    }
+}
+
+/* score.h's log1p table: c_i of 12 significant bits (so that c_i - 1 and c_i t stay
+ * exact enough), its interval [i/64, (i + 1)/64] mapped within 2^-7 of 1 (2^-6 for
+ * i = 0), L_i = -ln c_i within an ulp of libm's; and the score near 0, where the table
+ * decides, densely against libm. */
+Test(router_score, log1p_table)
+{
+    static const double tab[SL_SCORE_TAB_N][2] = SL_SCORE_TAB_INIT;
+    cr_assert(tab[0][0] == 1.0 && tab[0][1] == 0.0);
+    for (int i = 0; i < SL_SCORE_TAB_N; i++) {
+        const double c = tab[i][0];
+        int e;
+        const double m = frexp(c, &e) * 4096.0; /* 12 bits: an integer */
+        cr_expect(m == floor(m) && c > 0.5 && c <= 1.0, "c_%d = %.17g", i, c);
+        const double lim = i ? 0x1p-7 : 0x1p-6;
+        for (int end = 0; end < 2; end++) {
+            const double t = (double)(i + end) / SL_SCORE_TAB_N;
+            cr_expect(fabs(c * (1.0 + t) - 1.0) <= lim, "c_%d maps t = %g to %g", i, t,
+                      c * (1.0 + t));
+        }
+        const double want = -log(c);
+        cr_expect(fabs(tab[i][1] - want) <= nextafter(want, 1.0) - want, "L_%d = %.17g, want %.17g",
+                  i, tab[i][1], want);
+    }
+    rng r = {0x10917ab1eull};
+    for (int i = 0; i < 400000; i++) {
+        const float v = (float)(rng_uniform(&r) * 12.0); /* [-12, 12) */
         const double want = sqrt(log1p(exp((double)v)));
         const float got = sl_router_score(v);
         cr_expect(fabs(got - want) <= ulp_of((float)want), "score(%.9g) = %.9g, want %.12g",
