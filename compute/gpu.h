@@ -310,8 +310,10 @@ typedef struct sl_gpu_probe {
  * done, picks ranked, the picks' weights, slots and device-tier entries known, table
  * published, end (the host's picks written), at SL_GPU_RT_SEL_SM its SM's id + 1 and
  * at SL_GPU_RT_SEL_CLK + each of those slots the SM's cycle count at that moment;
- * the router's CTA c at SL_GPU_RT_ROUTER + 4c: entry, past its wait for the kernel
- * before, end, x in shared memory. */
+ * the router's CTA c at SL_GPU_RT_ROUTER + SL_GPU_RT_ROUTER_SLOTS c: entry, past its wait
+ * for the kernel before, end, x in shared memory and, with the norm inside the router,
+ * h and y loaded and their squares summed, and the norm's factor r known (thread 0's
+ * view of each: after its own rows, after the CTA's barrier). */
 enum {
     SL_GPU_RT_SEL_ENTRY,
     SL_GPU_RT_SEL_WAITED,
@@ -323,7 +325,9 @@ enum {
     SL_GPU_RT_SEL_SM,
     SL_GPU_RT_SEL_CLK, /* + SL_GPU_RT_SEL_*: the same moments in the SM's clock64 */
     SL_GPU_RT_ROUTER = 16,
-    SL_GPU_RT_STAMPS = SL_GPU_RT_ROUTER + 4 * 256 /* n_expert <= 1024, 4 experts a CTA */
+    SL_GPU_RT_ROUTER_SLOTS = 6,
+    /* n_expert <= 1024, 4 experts a CTA */
+    SL_GPU_RT_STAMPS = SL_GPU_RT_ROUTER + SL_GPU_RT_ROUTER_SLOTS * 256
 };
 int sl_gpu_set_probe(sl_gpu_ctx *ctx, const sl_gpu_probe *probe, sl_err *err);
 

@@ -2070,7 +2070,7 @@ __device__ __forceinline__ void k_norm_w(const k_rnorm &nm, uint32_t dim, float2
  * pairing (s[t] + s[t + off] for off = 128, 64, ..., 1): the first three rounds by warp
  * 0 from ss, the rest by its shuffles, so two barriers instead of nine. */
 __device__ __forceinline__ void k_norm_in_cta(const k_rnorm &nm, uint32_t dim, float *ss, float *xf,
-                                              const float2 (&wv)[K_NORM_E])
+                                              const float2 (&wv)[K_NORM_E], unsigned long long *rec)
 {
     constexpr int E = K_NORM_E;
     constexpr uint32_t NT = SL_EMU_NORM_LANES / 2;
@@ -2105,6 +2105,7 @@ __device__ __forceinline__ void k_norm_in_cta(const k_rnorm &nm, uint32_t dim, f
         a1 = sl_emu_add(a1, sl_emu_mul(v1, v1));
     }
     static_assert(SL_EMU_NORM_LANES == 256, "three rounds from ss, five in a warp");
+    k_stamp(rec, 4);
     ss[2 * t] = a0;
     ss[2 * t + 1] = a1;
     __syncthreads();
@@ -2119,6 +2120,7 @@ __device__ __forceinline__ void k_norm_in_cta(const k_rnorm &nm, uint32_t dim, f
             ss[0] = sl_emu_div(1.0f, sl_emu_sqrt(sl_emu_add(sl_emu_div(v, (float)dim), nm.eps)));
     }
     __syncthreads();
+    k_stamp(rec, 5);
     const float r = ss[0];
 #pragma unroll
     for (int q = 0; q < E; q++) {
@@ -2152,10 +2154,11 @@ __global__ void __launch_bounds__(NW * 32)
     float *xf = (float *)k_smem;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t e = blockIdx.x * NW + warp, nc = dim / 256;
-    /* bench: the CTA's entry, past its wait, end, x in shared memory (SL_GPU_RT_ROUTER +
-     * 4 a CTA) */
-    unsigned long long *rec =
-        stamps && threadIdx.x == 0 ? stamps + SL_GPU_RT_ROUTER + 4 * blockIdx.x : nullptr;
+    /* bench: the CTA's entry, past its wait, end, x in shared memory, the norm's two steps
+     * (SL_GPU_RT_ROUTER + SL_GPU_RT_ROUTER_SLOTS a CTA) */
+    unsigned long long *rec = stamps && threadIdx.x == 0
+                                  ? stamps + SL_GPU_RT_ROUTER + SL_GPU_RT_ROUTER_SLOTS * blockIdx.x
+                                  : nullptr;
     k_stamp(rec, 0);
     int4 v[C];
     if (e < n_expert) {
@@ -2180,7 +2183,7 @@ __global__ void __launch_bounds__(NW * 32)
     k_pdl_go();
     k_stamp(rec, 1);
     if (NORM) {
-        k_norm_in_cta(nm, dim, xf + dim, xf, wv);
+        k_norm_in_cta(nm, dim, xf + dim, xf, wv, rec);
     } else {
         /* x widened into shared memory, 8 values a 16-byte load, all the loads of a
          * thread issued before the first store (one latency: dim <= 256 C) */

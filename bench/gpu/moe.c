@@ -394,8 +394,10 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
 {
     const unsigned long long *ro = rt + SL_GPU_RT_ROUTER;
     unsigned long long t0 = ~0ull;
-    for (int c = 0; c < 256; c++)
-        if (ro[4 * c] && ro[4 * c] < t0) t0 = ro[4 * c];
+    for (int c = 0; c < 256; c++) {
+        const unsigned long long en = ro[SL_GPU_RT_ROUTER_SLOTS * c];
+        if (en && en < t0) t0 = en;
+    }
     if (t0 == ~0ull) {
         say("Layer timeline: no records\n\n");
         return;
@@ -403,13 +405,18 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
     say("One device-routed layer on the GPU's clock (the last of 8 back to back), us after the "
         "router's first CTA entered:\n\n| kernel | event | first | median | last | records "
         "|\n|---|---|---|---|---|---|\n");
-    static const char *const rname[4] = {"entry", "past its wait (the kernel before)", "end",
-                                         "x in shared memory"};
-    static const int rorder[4] = {0, 1, 3, 2};
-    for (int kk = 0; kk < 4; kk++) {
+    static const char *const rname[SL_GPU_RT_ROUTER_SLOTS] = {
+        "entry",
+        "past its wait (the kernel before)",
+        "end",
+        "x in shared memory",
+        "the norm: h and y loaded, squares summed (thread 0)",
+        "the norm: r known"};
+    static const int rorder[SL_GPU_RT_ROUTER_SLOTS] = {0, 1, 4, 5, 3, 2};
+    for (int kk = 0; kk < SL_GPU_RT_ROUTER_SLOTS; kk++) {
         const int k = rorder[kk];
         double v[3];
-        const int n = rec_stats(ro, 256, 4, 2, k, t0, v);
+        const int n = rec_stats(ro, 256, SL_GPU_RT_ROUTER_SLOTS, 2, k, t0, v);
         if (n) say("| router | %s | %.2f | %.2f | %.2f | %d |\n", rname[k], v[0], v[1], v[2], n);
     }
     static const char *const sname[SL_GPU_RT_SEL_END + 1] = {"entry",

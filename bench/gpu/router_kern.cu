@@ -107,7 +107,7 @@ int cmp_u64(const void *a, const void *b)
 }
 
 /* One launch of form f, stamping (compute/'s router: its rec slots 1 and 2 of
- * SL_GPU_RT_ROUTER + 4c; the sandbox's [2c], [2c + 1]). */
+ * SL_GPU_RT_ROUTER + SL_GPU_RT_ROUTER_SLOTS c; the sandbox's [2c], [2c + 1]). */
 cudaError_t launch(int f, const uint16_t *x, const uint16_t *w, uint32_t n_expert, uint32_t dim,
                    float *logits, uint8_t *ximg, unsigned long long *st)
 {
@@ -169,9 +169,9 @@ static int run(int f, const uint16_t *x, const uint16_t *w, uint32_t n_expert, u
     cudaError_t rc = cudaMemcpy(h, *st, sizeof *h * nst, cudaMemcpyDeviceToHost);
     if (rc == cudaSuccess) {
         for (uint32_t c = 0; c < grid; c++)
-            d[c] = f == RB_LANES32
-                       ? h[SL_GPU_RT_ROUTER + 4 * c + 2] - h[SL_GPU_RT_ROUTER + 4 * c + 1]
-                       : h[2 * c + 1] - h[2 * c];
+            d[c] = f == RB_LANES32 ? h[SL_GPU_RT_ROUTER + SL_GPU_RT_ROUTER_SLOTS * c + 2] -
+                                         h[SL_GPU_RT_ROUTER + SL_GPU_RT_ROUTER_SLOTS * c + 1]
+                                   : h[2 * c + 1] - h[2 * c];
         qsort(d, grid, sizeof *d, cmp_u64);
         *us_body = (double)d[grid / 2] / 1e3;
     }
