@@ -4,8 +4,9 @@
 # bench-moe copied to BUILD_DIR/ab/bench-moe-NAME before a rebuild, or "new" for
 # BUILD_DIR/bin/bench-moe; each runs twice, in turn, and prints one line: the shipped
 # 6-expert row (gate/up, down, both us, bits), the device-routed layer plain and with the
-# norm inside the router (us, back to back), and the layer gate/up's first entry to last
-# end. Their tables stay in OUT_DIR/q-NAME-RUN.md.
+# norm inside the router (us, back to back), the layer gate/up's first entry to last
+# end, and in the norm layer's timeline the router's wait to x in shared memory and the
+# selection's wait to its table in cycles. Their tables stay in OUT_DIR/q-NAME-RUN.md.
 # usage: bench/ab-quick.sh BUILD_DIR OUT_DIR NAME...
 set -u
 build=$1
@@ -22,7 +23,21 @@ for i in 1 2; do
         grep -E '^\| gt 2x NW4 TR8 ST4, staggered start, q8_1' "$f" |
             awk -F'|' '{printf " 6 experts gate/up %s down %s both %s%s |", $3, $5, $7, $11}'
         grep -E 'queued at once, finish' "$f" | awk -F'|' '{printf " plain layer%s", $6}'
-        grep -E 'inside the router \(sluice' "$f" | awk -F'|' '{printf " norm layer%s", $6}'
+        grep -E '^\|.*inside the router \(sluice' "$f" | awk -F'|' '{printf " norm layer%s", $6}'
+        # the norm layer's timeline: the router's wait to x (the norm), the selection's
+        # wait to its table in its SM's cycles
+        awk '/^With the residual and the norm inside the router/ { s = 1 }
+             s && /^\| router \| past its wait/ && !w { w = $0; split(w, a, "|"); wt = a[5] }
+             s && /^\| router \| x in shared memory/ && !x { x = $0; split(x, b, "|"); xt = b[5] }
+             s && /^The selection.s steps after its wait/ && !c {
+                 c = 1; n = 0; t = 0; line = $0
+                 while (n < 4 && match(line, /[0-9]+ cycles/)) {
+                     t += substr(line, RSTART, RLENGTH - 7); n++
+                     line = substr(line, RSTART + RLENGTH)
+                 }
+             }
+             END { if (w && x) printf " | norm %.2f us wait to x", xt - wt
+                   if (c) printf ", selection %d cycles wait to table", t }' "$f"
         grep -E "^Milestones of the device-routed layer's gate/up \(6 experts and the shared one\)" "$f" |
             grep -o '[0-9.]* us from' | sed 's/ from/ gate\/up span/' | tr '\n' ' '
         echo
