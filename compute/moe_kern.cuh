@@ -2269,7 +2269,7 @@ __device__ __forceinline__ void k_stamp_sel(unsigned long long *rec, uint32_t sl
 {
     if (!rec) return;
     rec[SL_GPU_RT_SEL_CLK + slot] = (unsigned long long)clock64();
-    rec[slot] = k_globaltimer();
+    k_stamp(rec, slot);
 }
 
 /* score.h's log1p table, copied into the selection's shared memory before its wait

@@ -13,7 +13,7 @@
  * On the device the score is on the layer's critical path (one thread an expert, each
  * a dependent chain of double operations), so the chain is short: softplus(v) as
  * max(v, 0) + log1p(e^-|v|), so that log1p sees t in [0, 1] and needs no division
- * (a table of 64 entries, SL_SCORE_TAB, instead), and both polynomials evaluated as
+ * (a table of 64 entries, SL_SCORE_TAB_INIT, instead), and both polynomials evaluated as
  * Estrin's tree rather than Horner's chain (about 35 dependent operations, against
  * about 75 with the two divisions and Horner's chains of sessions before 23).
  *
@@ -52,15 +52,6 @@ SL_SCORE_FN double sl_score_add(double a, double b)
 #endif
 }
 
-SL_SCORE_FN double sl_score_div(double a, double b)
-{
-#ifdef __CUDA_ARCH__
-    return __ddiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
-
 SL_SCORE_FN double sl_score_fma(double a, double b, double c)
 {
 #ifdef __CUDA_ARCH__
@@ -95,13 +86,6 @@ SL_SCORE_FN double sl_score_make(uint64_t e, uint64_t frac)
     double d;
     memcpy(&d, &u, sizeof d);
     return d;
-}
-
-SL_SCORE_FN uint64_t sl_score_bits(double d)
-{
-    uint64_t u;
-    memcpy(&u, &d, sizeof u);
-    return u;
 }
 
 #define SL_SCORE_LN2_HI 6.93147180369123816490e-01 /* ln 2, upper 32 bits */
