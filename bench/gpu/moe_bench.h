@@ -53,10 +53,13 @@ typedef struct mb_layer {
 /* GB/s of a plain 16-byte read kernel over buf (device or mapped host memory). */
 int mb_read_ceiling(const void *buf, size_t bytes, int iters, double *gbps, char *msg);
 
-/* GB/s of the same read over one token's experts (sets[i]: n experts, gate and up of
- * gate_bytes, down of down_bytes), one launch per token, rotating the sets. */
+/* GB/s of a read over one token's experts (sets[i]: n experts, gate and up of
+ * gate_bytes, down of down_bytes), one launch per token, rotating the sets. form 0: the
+ * int4 grid-stride loop over the token's bytes as one range (two 64-bit divisions a
+ * load); 1: the same loads expert by expert, six a thread in flight, no division; 2: bulk
+ * copies into shared memory (2 CTAs an SM, 6 copies of 16 KB each in flight). */
 int mb_read_sets(const mb_set *sets, int nsets, int n, size_t gate_bytes, size_t down_bytes,
-                 int iters, double *gbps, char *msg);
+                 int iters, int form, double *gbps, char *msg);
 
 /* cudaPointerGetAttributes(p) done n times (for timing); returns its memory type. */
 int mb_ptr_kind(const void *p, int n);

@@ -101,20 +101,93 @@ __global__ void k_read_set(const __grid_constant__ mb_set set, int n, size_t cg,
     if (acc == 0x7fedcba9) *sink = acc;
 }
 
+/* The same bytes with no division in the loop (k_read_set's two 64-bit divisions a
+ * 16-byte load cost it instructions, not bandwidth): expert by expert, each thread's
+ * loads of gate, up and down (two of each a round) issued together. */
+__global__ void k_read_set_flat(const __grid_constant__ mb_set set, int n, size_t cg, size_t cd,
+                                int *sink)
+{
+    int acc = 0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const size_t t0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x, cm = cg > cd ? cg : cd;
+    const int4 z = make_int4(0, 0, 0, 0);
+    for (int e = 0; e < n; e++) {
+        const int4 *g = (const int4 *)set.gate[e], *u = (const int4 *)set.up[e],
+                   *d = (const int4 *)set.down[e];
+        for (size_t i = t0; i < cm; i += 2 * stride) {
+            const size_t j = i + stride;
+            const int4 a0 = i < cg ? __ldcs(g + i) : z, a1 = j < cg ? __ldcs(g + j) : z;
+            const int4 b0 = i < cg ? __ldcs(u + i) : z, b1 = j < cg ? __ldcs(u + j) : z;
+            const int4 c0 = i < cd ? __ldcs(d + i) : z, c1 = j < cd ? __ldcs(d + j) : z;
+            acc ^= a0.x ^ a0.w ^ a1.x ^ a1.w ^ b0.x ^ b0.w ^ b1.x ^ b1.w ^ c0.x ^ c0.w ^ c1.x ^
+                   c1.w ^ a0.y ^ a0.z ^ a1.y ^ a1.z ^ b0.y ^ b0.z ^ b1.y ^ b1.z ^ c0.y ^ c0.z ^
+                   c1.y ^ c1.z;
+        }
+    }
+    if (acc == 0x7fedcba9) *sink = acc;
+}
+
+/* The same bytes as bulk copies into shared memory, as the kernels move them: 2 CTAs an
+ * SM, each thread 0 keeping RD_ST copies of RD_B bytes in flight (the tensors cut into
+ * RD_B pieces, dealt to the CTAs in turn), nothing reading them. */
+#define RD_ST 6
+#define RD_B  16384u
+__global__ void __launch_bounds__(32)
+    k_read_set_bulk(const __grid_constant__ mb_set set, int n, size_t gbytes, size_t dbytes)
+{
+    extern __shared__ int4 k_smem[];
+    uint64_t *bar = (uint64_t *)((uint8_t *)k_smem + RD_ST * RD_B);
+    if (threadIdx.x != 0) return;
+    for (int k = 0; k < RD_ST; k++) k_mbar_init(bar + k, 1);
+    k_mbar_fence_init();
+    uint32_t q = 0;    /* copies queued */
+    uint32_t seen = 0; /* pieces dealt before this tensor */
+    for (int t = 0; t < 3 * n; t++) {
+        const int e = t / 3, part = t % 3;
+        const uint8_t *p = (const uint8_t *)(part == 0   ? set.gate[e]
+                                             : part == 1 ? set.up[e]
+                                                         : set.down[e]);
+        const size_t bytes = part == 2 ? dbytes : gbytes;
+        const uint32_t pieces = (uint32_t)((bytes + RD_B - 1) / RD_B);
+        for (uint32_t k = (blockIdx.x + gridDim.x - seen % gridDim.x) % gridDim.x; k < pieces;
+             k += gridDim.x) {
+            const uint32_t len =
+                (uint32_t)(bytes - (size_t)k * RD_B < RD_B ? bytes - (size_t)k * RD_B : RD_B);
+            const uint32_t st = q % RD_ST;
+            if (q >= RD_ST) k_mbar_wait(bar + st, (q / RD_ST - 1) & 1);
+            k_mbar_expect(bar + st, len);
+            k_bulk((uint8_t *)k_smem + (size_t)st * RD_B, p + (size_t)k * RD_B, len, bar + st);
+            q++;
+        }
+        seen += pieces;
+    }
+    for (uint32_t k = q > RD_ST ? q - RD_ST : 0; k < q; k++)
+        k_mbar_wait(bar + k % RD_ST, (k / RD_ST) & 1);
+}
+
 extern "C" int mb_read_sets(const mb_set *sets, int nsets, int n, size_t gate_bytes,
-                            size_t down_bytes, int iters, double *gbps, char *msg)
+                            size_t down_bytes, int iters, int form, double *gbps, char *msg)
 {
     int n_sm = 0;
     CKB(sm_count(&n_sm));
     int *sink;
     CKB(cudaMalloc(&sink, 4));
-    const size_t cg = gate_bytes / 16, cd = down_bytes / 16;
-    k_read_set<<<n_sm * 8, 256>>>(sets[0], n, cg, cd, sink);
-    float ms;
-    CKB(time_launches(iters, &ms, [&](int it) {
-        k_read_set<<<n_sm * 8, 256>>>(sets[(it + 1) % nsets], n, cg, cd, sink);
+    const size_t cg = gate_bytes / 16, cd = down_bytes / 16, bsm = RD_ST * RD_B + 8 * RD_ST;
+    if (form == 2)
+        CKB(cudaFuncSetAttribute(k_read_set_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)bsm));
+    auto launch = [&](const mb_set &set) {
+        if (form == 0)
+            k_read_set<<<n_sm * 8, 256>>>(set, n, cg, cd, sink);
+        else if (form == 1)
+            k_read_set_flat<<<n_sm * 8, 256>>>(set, n, cg, cd, sink);
+        else
+            k_read_set_bulk<<<n_sm * 2, 32, bsm>>>(set, n, gate_bytes, down_bytes);
         return cudaGetLastError();
-    }));
+    };
+    CKB(launch(sets[0]));
+    float ms;
+    CKB(time_launches(iters, &ms, [&](int it) { return launch(sets[(it + 1) % nsets]); }));
     *gbps = (double)((2 * cg + cd) * 16 * n) * iters / (ms * 1e-3) / 1e9;
     cudaFree(sink);
     return 0;
