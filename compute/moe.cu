@@ -43,6 +43,7 @@
 #define DP_UNR  1    /* tiled down: a block at a time (bench: 2 and 3 interleaved lost) */
 #define PK_RING 4    /* stages of Q3_K downs between the copy and their tiling */
 #define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
+#define RT_CX   20   /* the same for dim 5120 exactly (the model's): constant bounds */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
@@ -435,12 +436,15 @@ static cudaError_t launch_router(const sl_gpu_ctx *c, const uint16_t *x, const u
         const cudaError_t rc = launch_norm(c, nm->h, nm->y, nm->h_out, nm->w, nm->eps, nm->x);
         if (rc != cudaSuccess) return rc;
     }
+    const bool exact = s->dim == 256 * RT_CX;
     if (s->dim <= 256 * RT_C) /* router_norms implies it */
-        return k_launch(in_router ? k_router_pf<RT_NW, RT_C, true> : k_router_pf<RT_NW, RT_C>,
-                        (s->n_expert + RT_NW - 1) / RT_NW, RT_NW * 32,
-                        in_router ? router_norm_smem(s) : smem, c->main, USE_PDL, w, x, s->n_expert,
-                        s->dim, s->gate_temp, logits, ximg, c->rt_stamps,
-                        in_router ? *nm : k_rnorm{});
+        return k_launch(
+            exact ? (in_router ? k_router_pf<RT_NW, RT_CX, true, true>
+                               : k_router_pf<RT_NW, RT_CX, false, true>)
+                  : (in_router ? k_router_pf<RT_NW, RT_C, true> : k_router_pf<RT_NW, RT_C>),
+            (s->n_expert + RT_NW - 1) / RT_NW, RT_NW * 32, in_router ? router_norm_smem(s) : smem,
+            c->main, USE_PDL, w, x, s->n_expert, s->dim, s->gate_temp, logits, ximg, c->rt_stamps,
+            in_router ? *nm : k_rnorm{});
     if (ximg) {
         const cudaError_t rc = launch_quant_img(c, x, ximg, c->main, USE_PDL);
         if (rc != cudaSuccess) return rc;
@@ -527,16 +531,21 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
     if (rc) return rc;
     rc = prep_kernel(k_router<BF_NW>, BF_NW * 32, sizeof(float) * dim, &occ, "k_router", err);
     if (rc) return rc;
+    const bool exact = dim == 256 * RT_CX;
     if (dim <= 256 * RT_C) {
         int o2 = 0;
-        rc = prep_kernel(k_router_pf<RT_NW, RT_C>, RT_NW * 32, sizeof(float) * dim, &o2,
-                         "k_router_pf", err);
+        rc = exact ? prep_kernel(k_router_pf<RT_NW, RT_CX, false, true>, RT_NW * 32,
+                                 sizeof(float) * dim, &o2, "k_router_pf (exact)", err)
+                   : prep_kernel(k_router_pf<RT_NW, RT_C>, RT_NW * 32, sizeof(float) * dim, &o2,
+                                 "k_router_pf", err);
         if (rc) return rc;
     }
     if (router_norms(&c->shape)) {
         int o3 = 0;
-        rc = prep_kernel(k_router_pf<RT_NW, RT_C, true>, RT_NW * 32, router_norm_smem(&c->shape),
-                         &o3, "k_router_pf (norm)", err);
+        rc = exact ? prep_kernel(k_router_pf<RT_NW, RT_CX, true, true>, RT_NW * 32,
+                                 router_norm_smem(&c->shape), &o3, "k_router_pf (norm, exact)", err)
+                   : prep_kernel(k_router_pf<RT_NW, RT_C, true>, RT_NW * 32,
+                                 router_norm_smem(&c->shape), &o3, "k_router_pf (norm)", err);
         if (rc) return rc;
     }
     if (c->gt_ok) { /* its static table needs a little more shared memory: else unused */

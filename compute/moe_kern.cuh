@@ -2054,11 +2054,12 @@ __device__ __forceinline__ uint32_t k_xf_at(uint32_t i, uint32_t dim)
 constexpr int K_NORM_E = 24; /* k_norm_in_cta's rows of 256 values: dim <= 6144 */
 
 /* Thread t's norm weights of k_norm_in_cta, loaded before the wait for the kernel
- * before (weights: only h and y are read after it). */
-__device__ __forceinline__ void k_norm_w(const k_rnorm &nm, uint32_t dim, float2 (&wv)[K_NORM_E])
+ * before (weights: only h and y are read after it); E rows of room. */
+template <int E>
+__device__ __forceinline__ void k_norm_w(const k_rnorm &nm, uint32_t dim, float2 (&wv)[E])
 {
 #pragma unroll
-    for (int q = 0; q < K_NORM_E; q++)
+    for (int q = 0; q < E; q++)
         if ((uint32_t)q < dim / SL_EMU_NORM_LANES)
             wv[q] = ((const float2 *)nm.w)[threadIdx.x + SL_EMU_NORM_LANES / 2 * q];
 }
@@ -2069,10 +2070,10 @@ __device__ __forceinline__ void k_norm_w(const k_rnorm &nm, uint32_t dim, float2
  * adds their squares in increasing i, the 256 lanes' sums meet in the emulation's
  * pairing (s[t] + s[t + off] for off = 128, 64, ..., 1): the first three rounds by warp
  * 0 from ss, the rest by its shuffles, so two barriers instead of nine. */
+template <int E>
 __device__ __forceinline__ void k_norm_in_cta(const k_rnorm &nm, uint32_t dim, float *ss, float *xf,
-                                              const float2 (&wv)[K_NORM_E], unsigned long long *rec)
+                                              const float2 (&wv)[E], unsigned long long *rec)
 {
-    constexpr int E = K_NORM_E;
     constexpr uint32_t NT = SL_EMU_NORM_LANES / 2;
     const uint32_t t = threadIdx.x, ne = dim / SL_EMU_NORM_LANES;
     const uint32_t *h2 = (const uint32_t *)nm.h, *y2 = (const uint32_t *)nm.y;
@@ -2142,14 +2143,17 @@ __device__ __forceinline__ void k_norm_in_cta(const k_rnorm &nm, uint32_t dim, f
  * overlap the norm that produces x. With ximg, the grid also quantizes x for the
  * bulk-copy gate/up (k_quant_x_img's bytes). NORM: x is not read but computed in each
  * CTA from nm (k_norm_in_cta), so the router waits for the down itself, not for a
- * norm kernel after it. */
-template <int NW, int C, bool NORM = false>
+ * norm kernel after it. EXACT: dim is 256 C (the launch picks it for the model's
+ * shape), so every row bound is a constant and the unrolled rows have no exits. */
+template <int NW, int C, bool NORM = false, bool EXACT = false>
 __global__ void __launch_bounds__(NW * 32)
     k_router_pf(const uint16_t *__restrict__ w, const uint16_t *__restrict__ x, uint32_t n_expert,
                 uint32_t dim, float temp, float *__restrict__ logits, uint8_t *__restrict__ ximg,
                 unsigned long long *stamps, k_rnorm nm)
 {
-    static_assert(!NORM || (NW * 64 == SL_EMU_NORM_LANES && C <= 24), "k_norm_in_cta's shape");
+    static_assert(!NORM || (NW * 64 == SL_EMU_NORM_LANES && C <= K_NORM_E),
+                  "k_norm_in_cta's shape");
+    if (EXACT) dim = 256 * C; /* the caller's dim: every bound below a constant */
     extern __shared__ int4 k_smem[];
     float *xf = (float *)k_smem;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -2167,9 +2171,10 @@ __global__ void __launch_bounds__(NW * 32)
         for (int c = 0; c < C; c++)
             if ((uint32_t)c < nc) v[c] = k_ld_stream(row + lane + 32 * c);
     }
-    float2 wv[K_NORM_E]; /* NORM: the norm weights, loaded before the wait */
+    constexpr int NE = EXACT ? C : K_NORM_E; /* the norm's rows of room */
+    float2 wv[NE];                           /* NORM: the norm weights, loaded before the wait */
     if (NORM) {
-        k_norm_w(nm, dim, wv);
+        k_norm_w<NE>(nm, dim, wv);
         /* L2 asked for the residual stream now, a hint: written a layer ago (and read
          * past the wait through L2 whatever this fetched), it is usually out of L2 by
          * now, after a layer's weights went through */
@@ -2183,7 +2188,7 @@ __global__ void __launch_bounds__(NW * 32)
     k_pdl_go();
     k_stamp(rec, 1);
     if (NORM) {
-        k_norm_in_cta(nm, dim, xf + dim, xf, wv, rec);
+        k_norm_in_cta<NE>(nm, dim, xf + dim, xf, wv, rec);
     } else {
         /* x widened into shared memory, 8 values a 16-byte load, all the loads of a
          * thread issued before the first store (one latency: dim <= 256 C) */

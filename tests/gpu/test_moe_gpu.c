@@ -314,8 +314,9 @@ Test(moe_gpu, residual_norm_bit_exact)
 /* The residual and the norm inside the router (sl_gpu_route_start_norm): x, the new
  * residual (in the other buffer; h untouched) and the picks are the bits of
  * sl_emu_residual_norm then router.c, with and without the residual (edge_bf16's
- * values among the random ones); at 5120 the router's CTAs compute the norm, at 8192 a
- * norm kernel runs before the router. */
+ * values among the random ones); at 5120 (the router's form with constant bounds) and
+ * 4096 (its general form) the router's CTAs compute the norm, at 8192 a norm kernel runs
+ * before the router. */
 static void check_route_norm(uint32_t dim)
 {
     sl_moe_shape s = make_shape(dim, 256, 6, 0);
@@ -390,6 +391,7 @@ Test(moe_gpu, route_norm_bit_exact)
 {
     NEED_GPU();
     check_route_norm(5120);
+    check_route_norm(4096);
     check_route_norm(8192);
 }
 
