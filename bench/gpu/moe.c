@@ -252,14 +252,14 @@ static void stamp_row(const unsigned long long *st, unsigned long long t0, const
 }
 
 /* A table's raw records appended to file `dump` (bench-moe --stamps FILE): a line
- * "# what", then one line a record: its index (CTA * groups + group), each slot in us
- * after t0 (-1: not stamped), its units and its SM. */
+ * "# what (t0 ...)" (t0: the first entry, ns on the GPU's clock), then one line a record: its index
+ * (CTA * groups + group), each slot in us after t0 (-1: not stamped), its units and its SM. */
 static void stamp_dump(const unsigned long long *st, unsigned long long t0, const char *what,
                        const char *dump)
 {
     FILE *f = fopen(dump, "a");
     if (!f) DIE("--stamps %s: %s", dump, strerror(errno));
-    fprintf(f, "# %s\n", what);
+    fprintf(f, "# %s (t0 %llu ns on the GPU's clock)\n", what, t0);
     for (int r = 0; r < MB_ST_RECS; r++) {
         const unsigned long long *s = st + (size_t)r * MB_ST_SLOTS;
         if (!s[30]) continue;
