@@ -54,7 +54,7 @@ struct sl_kscratch {
 };
 
 #define SL_KSTAMP_SLOTS 32
-#define SL_KSTAMP_UNITS 13
+#define SL_KSTAMP_UNITS 12
 
 namespace
 {
@@ -108,9 +108,11 @@ struct sl_kttab {
 /* Bench instrumentation of the weight-streaming kernels (NULL in compute/): a group
  * leader's %globaltimer at its milestones, SL_KSTAMP_SLOTS slots a (CTA, group) record:
  * 0 entry, 1 past the previous kernel (and, gate/up, x landed), 2 + 2i unit i's bytes
- * landed and 3 + 2i unit i done (i < SL_KSTAMP_UNITS), 28 (the device-table gate/up's
- * group 0) the selection's table read, 29 (the device-table gate/up) past its final wait
- * for the selection's grid, 30 the group's end, 31 its units (low 32 bits) and its SM. */
+ * landed and 3 + 2i unit i done (i < SL_KSTAMP_UNITS), and in the device-table gate/up's
+ * group 0: 26 x's image landed (seen by its second warp, which waits for nothing else),
+ * 27 the routed stages queued after the table (thread 0), 28 the selection's table read;
+ * 29 (the device-table gate/up) past its final wait for the selection's grid, 30 the
+ * group's end, 31 its units (low 32 bits) and its SM. */
 __device__ __forceinline__ uint32_t k_smid()
 {
     uint32_t id;
@@ -1170,6 +1172,13 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
     if (DEV) {
         static_assert(SL_KTT_WORDS <= 32, "warp 0 reads the tagged table, a word a lane");
         static_assert(!(DEV && PFD), "the tagged table carries no down pointers to prefetch");
+        if (STAMP && s.stamps) { /* when x lands, not bounded by the table's read */
+            __syncthreads();     /* the barriers' inits */
+            if (threadIdx.x == 32) {
+                k_mbar_wait(xbar, 0);
+                k_stamp(k_stamp_rec(s.stamps, NG, 0, true), 26);
+            }
+        }
         if (!ttab) {
             if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         } else if (threadIdx.x < 32) { /* the selection's tagged table (k_route_select),
@@ -1212,9 +1221,11 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
             if (ttab) k_pdl_wait();
             return;
         }
-        if (threadIdx.x == 0)
+        if (threadIdx.x == 0) {
             for (uint32_t k = 0; k < (STG ? NG : ST); k++)
                 if (!(early >> k & 1)) issue(k);
+            k_stamp(rec, 27);
+        }
     }
     if (threadIdx.x == 0) {
         if (MMA) *(int4 *)zero = make_int4(0, 0, 0, 0);

@@ -440,15 +440,19 @@ static void layer_timeline(const unsigned long long *rt, const unsigned long lon
         if (w < 0 || (size_t)w >= sizeof beside - nb) break;
         nb += (size_t)w;
     }
-    static const int slot[5] = {0, 28, 1, 30, 29};
-    static const char *const gname[5] = {"entry", "the table read (group 0's warp 0)",
-                                         "x and the table landed", "end",
+    static const int slot[7] = {0, 26, 28, 27, 1, 30, 29};
+    static const char *const gname[7] = {"entry",
+                                         "x landed (group 0's second warp)",
+                                         "the table read (group 0's warp 0)",
+                                         "the routed stages queued (thread 0)",
+                                         "x and the table landed",
+                                         "end",
                                          "past its final wait (the selection's grid)"};
-    static const char *const dname[5] = {"entry", "", "past its wait (the kernel before)", "end",
-                                         ""};
+    static const char *const dname[7] = {"entry", "", "", "", "past its wait (the kernel before)",
+                                         "end",   ""};
     for (int w = 0; w < 2; w++)
-        for (int k = 0; k < 5; k++) {
-            if (w && (k == 1 || k == 4)) continue;
+        for (int k = 0; k < 7; k++) {
+            if (w && !*dname[k]) continue;
             double v[3];
             const int n = rec_stats(w ? dn : gu, MB_ST_RECS, MB_ST_SLOTS, 30, slot[k], t0, v);
             if (n)
