@@ -6,7 +6,8 @@
 # 6-expert row (gate/up, down, both us, bits), the device-routed layer plain and with the
 # norm inside the router (us, back to back), the layer gate/up's first entry to last
 # end, and in the norm layer's timeline the router's wait to x in shared memory and the
-# selection's wait to its table in cycles. Their tables stay in OUT_DIR/q-NAME-RUN.md.
+# selection's wait to its table in cycles, and its gate/up's group leaders' time queueing
+# refills. Their tables stay in OUT_DIR/q-NAME-RUN.md.
 # usage: bench/ab-quick.sh BUILD_DIR OUT_DIR NAME...
 set -u
 build=$1
@@ -38,6 +39,10 @@ for i in 1 2; do
              }
              END { if (w && x) printf " | norm %.2f us wait to x", xt - wt
                    if (c) printf ", selection %d cycles wait to table", t }' "$f"
+        # the norm layer's gate/up: its group leaders' time queueing refills (median)
+        awk '/^Milestones of the device-routed layer.s gate\/up \(6 experts and the shared one, the norm inside the router\)/ { s = 1 }
+             s && /^Refills queued/ { match($0, /median [0-9.]+ us in [0-9]+ refills/)
+                                     printf " | refills %s", substr($0, RSTART + 7, RLENGTH - 7); exit }' "$f"
         grep -E "^Milestones of the device-routed layer's gate/up \(6 experts and the shared one\)" "$f" |
             grep -o '[0-9.]* us from' | sed 's/ from/ gate\/up span/' | tr '\n' ' '
         echo

@@ -54,7 +54,7 @@ struct sl_kscratch {
 };
 
 #define SL_KSTAMP_SLOTS 32
-#define SL_KSTAMP_UNITS 12
+#define SL_KSTAMP_UNITS 11
 
 namespace
 {
@@ -108,7 +108,9 @@ struct sl_kttab {
 /* Bench instrumentation of the weight-streaming kernels (NULL in compute/): a group
  * leader's %globaltimer at its milestones, SL_KSTAMP_SLOTS slots a (CTA, group) record:
  * 0 entry, 1 past the previous kernel (and, gate/up, x landed), 2 + 2i unit i's bytes
- * landed and 3 + 2i unit i done (i < SL_KSTAMP_UNITS), and in the device-table gate/up's
+ * landed and 3 + 2i unit i done (i < SL_KSTAMP_UNITS), in the bulk-copy gate/up 24 the ns
+ * its leader spent queueing refills after its units (not a time: a sum) and 25 their
+ * count, and in the device-table gate/up's
  * group 0: 26 x's image landed (seen by its second warp, which waits for nothing else),
  * 27 the routed stages queued after the table (thread 0), 28 the selection's table read;
  * 29 (the device-table gate/up) past its final wait for the selection's grid, 30 the
@@ -130,6 +132,14 @@ __device__ __forceinline__ unsigned long long *k_stamp_rec(unsigned long long *s
                                                            int grp, bool lead)
 {
     return stamps && lead ? stamps + ((size_t)blockIdx.x * ng + grp) * SL_KSTAMP_SLOTS : NULL;
+}
+
+/* The time since t0 (a %globaltimer read) added to the record's queueing sum (slot 24),
+ * and one more to its count (slot 25). */
+__device__ __forceinline__ void k_stamp_add(unsigned long long *rec, unsigned long long t0)
+{
+    rec[24] += k_globaltimer() - t0;
+    rec[25] += 1;
 }
 
 /* Unit i's two stamps (landed, done) and the record's end. */
@@ -1150,6 +1160,7 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
     unsigned long long *rec =
         STAMP ? k_stamp_rec(s.stamps, NG, grp, threadIdx.x % (NW * 32) == 0) : nullptr;
     k_stamp(rec, 0);
+    if (STAMP && rec) rec[24] = rec[25] = 0; /* this launch's refills only */
     /* DEV: the table comes from the kernel before (k_route_select). The shared expert,
      * known at launch, takes the first units when sh_first, so its first stages load
      * while the selection runs. STG: one stage a group at first, the group's others
@@ -1249,7 +1260,9 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
         float *h = s.h + (size_t)ex.slot * inter + r0;
         auto stage_free = [&] {
             k_fence_proxy();
+            const unsigned long long q0 = STAMP && rec ? k_globaltimer() : 0;
             issue(k + ST);
+            if (STAMP && rec) k_stamp_add(rec, q0);
         };
         if (MMA) {
             k_gateup_mma_unit<NW>(st, rb, nb, aq, ad, as, zero, red, grp, warp, lane, ex, h, limit,
@@ -1286,7 +1299,9 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
                 __syncwarp();
                 if (lane == 0) {
                     k_fence_proxy();
+                    const unsigned long long q0 = STAMP && rec ? k_globaltimer() : 0;
                     for (uint32_t gg = 0; gg < (QH == 4 ? NG : 1); gg++) issue(k + gg + ST);
+                    if (STAMP && rec) k_stamp_add(rec, q0);
                 }
                 k_quant_h_group(s, (uint32_t)ex.slot * (inter / 32) + (r0 - (PG - 1) * TR) / 32, v,
                                 lane);

@@ -251,9 +251,32 @@ static void stamp_row(const unsigned long long *st, unsigned long long t0, const
         v[n * 9 / 10], v[n - 1], d[n / 2], n);
 }
 
+/* The bulk-copy gate/up's refills (slots 24, 25: the ns its group leader spent queueing
+ * refills after its units, and their count), per record: the median, p90 and max of
+ * the time and the median count; nothing when no record queued a refill. */
+static void refill_line(const unsigned long long *st)
+{
+    static double t[MB_ST_RECS], c[MB_ST_RECS];
+    int n = 0;
+    for (int r = 0; r < MB_ST_RECS; r++) {
+        const unsigned long long *s = st + (size_t)r * MB_ST_SLOTS;
+        if (!s[30] || !s[25]) continue;
+        t[n] = (double)s[24] / 1e3;
+        c[n++] = (double)s[25];
+    }
+    if (!n) return;
+    qsort(t, n, sizeof *t, cmp_d);
+    qsort(c, n, sizeof *c, cmp_d);
+    say("Refills queued by each group's leader after its units (its time in `cp.async.bulk`, "
+        "the group waiting at its next barrier): %d records, median %.2f us in %.0f refills, "
+        "p90 %.2f us, max %.2f us.\n\n",
+        n, t[n / 2], c[n / 2], t[n * 9 / 10], t[n - 1]);
+}
+
 /* A table's raw records appended to file `dump` (bench-moe --stamps FILE): a line
  * "# what (t0 ...)" (t0: the first entry, ns on the GPU's clock), then one line a record: its index
- * (CTA * groups + group), each slot in us after t0 (-1: not stamped), its units and its SM. */
+ * (CTA * groups + group), each slot in us after t0 (-1: not stamped; slots 24 and 25: the
+ * refills' queueing, us and count), its units and its SM. */
 static void stamp_dump(const unsigned long long *st, unsigned long long t0, const char *what,
                        const char *dump)
 {
@@ -264,7 +287,12 @@ static void stamp_dump(const unsigned long long *st, unsigned long long t0, cons
         const unsigned long long *s = st + (size_t)r * MB_ST_SLOTS;
         if (!s[30]) continue;
         fprintf(f, "%d", r);
-        for (int k = 0; k < 31; k++) fprintf(f, " %.3f", s[k] ? us_after(s[k], t0) : -1.0);
+        for (int k = 0; k < 31; k++) /* 24, 25: the refills' queueing, us and count */
+            fprintf(f, " %.3f",
+                    k == 24   ? (double)s[k] / 1e3
+                    : k == 25 ? (double)s[k]
+                    : s[k]    ? us_after(s[k], t0)
+                              : -1.0);
         fprintf(f, " %u %u\n", rec_units(s), rec_sm(s));
     }
     if (fclose(f)) DIE("--stamps %s: %s", dump, strerror(errno));
@@ -367,6 +395,7 @@ static void stamp_table(const unsigned long long *st, const char *what, const ch
     stamp_row(st, t0, "end", 30, 0, -1);
     say("\n");
     stamp_by_sm(st, t0);
+    refill_line(st);
 }
 
 /* The first, median and last of slot `slot` over a kernel's records (stride slots a

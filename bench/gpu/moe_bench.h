@@ -92,7 +92,7 @@ int mb_variant_time(int v, const mb_io *io, const mb_set *sets, int nsets, int i
 /* Records (SL_KSTAMP_SLOTS stamps each: a CTA's group) of the milestone buffers. */
 #define MB_ST_RECS  4096
 #define MB_ST_SLOTS 32
-#define MB_ST_UNITS 12 /* units a record stamps (SL_KSTAMP_UNITS) */
+#define MB_ST_UNITS 11 /* units a record stamps (SL_KSTAMP_UNITS) */
 
 /* iters launches of variant v back to back (rotating the sets), its gate/up and down
  * stamping into gu_st and dn_st (MB_ST_RECS records each, zeroed first): the stamps
