@@ -2,7 +2,8 @@
 # run-box.sh - what a GPU box is used for, in one call (device time is scarce): the GPU
 # test suite, bench-moe, the end-to-end table (run-moe-e2e.sh) and the fetcher bench
 # (run-fetch.sh), the layer's kernel trace (run-ktrace.sh, as built and with
-# --norm-kernel), bench-launch (launch costs, the selection's table handoff) and
+# --norm-kernel), bench-launch (launch costs, the selection's table handoff, the first
+# wave of bulk copies) and
 # bench-router (the router over 32 or 64 lanes), each into OUT_DIR, each under its own
 # time limit. Run it from the repo
 # root of a copy whose BUILD_DIR was built elsewhere and carried along with its libraries

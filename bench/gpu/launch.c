@@ -3,7 +3,9 @@
  * that need different L1 / shared-memory splits cost more in turn than alike ones
  * (the MoE chain alternates small kernels and ~115 KB bulk-copy kernels); then how
  * long a table of tagged words takes from its writer to many polling CTAs (the
- * selection's handoff to the gate/up's 264 CTAs, lb_handoff).
+ * selection's handoff to the gate/up's 264 CTAs, lb_handoff); then the first wave of
+ * bulk copies when every CTA asks for its first stages at once (lb_wave: the wait for
+ * the first bytes and the queueing thread's stall, by the bytes asked).
  *
  * usage: bench-launch [-o FILE.md] [--n N (2000)]
  */
@@ -72,6 +74,69 @@ static int handoff_table(FILE *md)
     return 0;
 }
 
+/* p10, median, p90 and max of v[n] (sorted here). */
+static void quantiles(double *v, size_t n, double out[4])
+{
+    qsort(v, n, sizeof *v, cmp_d);
+    out[0] = v[n / 10], out[1] = v[n / 2], out[2] = v[n * 9 / 10], out[3] = v[n - 1];
+}
+
+/* The first wave: every CTA queueing its bulk copies at one moment (lb_wave), for a
+ * few shapes around the device-table gate/up's (2 CTAs an SM, 4 stages of two 13,440-byte
+ * copies: 8 rows of gate and 8 of up at dim 5120). */
+static int wave_table(FILE *md)
+{
+    enum { REPS = 20 };
+    static const struct {
+        int per_sm, ncopy, first;
+        uint32_t bytes;
+    } shapes[] = {{2, 1, 1, 13440},  {2, 2, 2, 13440}, {2, 4, 4, 13440},  {2, 8, 8, 13440},
+                  {2, 8, 2, 13440},  {1, 8, 8, 13440}, {1, 16, 16, 6720}, {2, 2, 2, 53760},
+                  {2, 16, 16, 6720}, {2, 16, 4, 6720}};
+    char line[512];
+    snprintf(line, sizeof line,
+             "\nThe first wave: every CTA's thread 0 queues bulk copies from device memory "
+             "(bytes L2 does not hold) at one moment, `first` of them at once and the rest "
+             "once its first copy landed; %d launches, us from each CTA's start, p10 / median "
+             "/ p90 / max over CTAs and launches; GB/s: a launch's bytes over its first start "
+             "to its last landing (median launch):\n\n| CTAs | copies x KB (first) | MB asked | "
+             "queueing | first copy landed | all landed | GB/s |\n|---|---|---|---|---|---|---|\n",
+             REPS);
+    bm_put(md, line);
+    const size_t cap = (size_t)REPS * 1024;
+    double *q = malloc(sizeof *q * cap), *f = malloc(sizeof *f * cap), *a = malloc(sizeof *a * cap),
+           gb[REPS];
+    int rc = !q || !f || !a;
+    if (rc) fprintf(stderr, "bench-launch: out of memory\n");
+    for (size_t i = 0; !rc && i < sizeof shapes / sizeof *shapes; i++) {
+        char msg[256] = "";
+        int ctas = 0;
+        if (lb_wave(shapes[i].per_sm, shapes[i].ncopy, shapes[i].bytes, shapes[i].first, REPS, cap,
+                    q, f, a, gb, &ctas, msg)) {
+            fprintf(stderr, "bench-launch: %s\n", msg);
+            rc = 1;
+            break;
+        }
+        const size_t n = (size_t)REPS * ctas;
+        double qs[4], fs[4], as[4], gs[4];
+        quantiles(q, n, qs);
+        quantiles(f, n, fs);
+        quantiles(a, n, as);
+        quantiles(gb, REPS, gs);
+        snprintf(line, sizeof line,
+                 "| %d | %d x %.1f (%d) | %.1f | %.2f / %.2f / %.2f / %.2f | %.2f / %.2f / %.2f / "
+                 "%.2f | %.2f / %.2f / %.2f / %.2f | %.0f |\n",
+                 ctas, shapes[i].ncopy, shapes[i].bytes / 1024.0, shapes[i].first,
+                 (double)ctas * shapes[i].ncopy * shapes[i].bytes / 1e6, qs[0], qs[1], qs[2], qs[3],
+                 fs[0], fs[1], fs[2], fs[3], as[0], as[1], as[2], as[3], gs[1]);
+        bm_put(md, line);
+    }
+    free(q);
+    free(f);
+    free(a);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     int n;
@@ -103,7 +168,7 @@ int main(int argc, char **argv)
                          pdl ? "yes" : "no", carve < 0 ? "driver's" : "100% shared", us);
                 bm_put(md, line);
             }
-    if (handoff_table(md)) return 1;
+    if (handoff_table(md) || wave_table(md)) return 1;
     if (md) fclose(md);
     return 0;
 }

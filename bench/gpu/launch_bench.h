@@ -1,8 +1,10 @@
-/* launch_bench.h - what bench/gpu/launch.c and its kernels (launch_kern.cu) share. */
+/* launch_bench.h - what bench/gpu/launch.c and its kernels (launch_kern.cu,
+ * launch_wave.cu) share. */
 #ifndef SL_LAUNCH_BENCH_H
 #define SL_LAUNCH_BENCH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,6 +31,17 @@ int lb_chain(int kind, int n, int pdl, int carve, size_t smem, double *us, char 
  * the stores (their time is their start's delay, not the handoff's). */
 int lb_handoff(int n_poll, int words, int sleep_ns, int ncopy, int reps, double *lat, int *late,
                char *msg);
+
+/* The first wave of a grid of per_sm CTAs an SM (1 or 2; *ctas gets the count), each
+ * thread 0 queueing ncopy bulk copies of `bytes` (a multiple of 16) from its own span of
+ * device memory into its shared memory at one moment (all CTAs started first): `first`
+ * of them at once, the rest once copy 0 has landed (first == ncopy: all at once). Each
+ * of reps launches reads bytes L2 does not hold. q, f, a [reps * ctas, at most cap]:
+ * each CTA's us from its start to the end of its first queueing, to copy 0's landing, to
+ * its last landing; gbps[reps]: each launch's bytes over its first start to last
+ * landing, GB/s. */
+int lb_wave(int per_sm, int ncopy, uint32_t bytes, int first, int reps, size_t cap, double *q,
+            double *f, double *a, double *gbps, int *ctas, char *msg);
 
 #ifdef __cplusplus
 }
