@@ -30,8 +30,9 @@ __global__ void k_wave(const uint8_t *src, int ncopy, uint32_t bytes, int first,
     for (int k = 0; k < ncopy; k++) k_mbar_init(bar + k, 1);
     k_mbar_fence_init();
     atomicAdd(arrive, 1u);
-    while (*(volatile unsigned *)arrive < gridDim.x) {
-    }
+    const unsigned long long w0 = k_globaltimer();
+    while (*(volatile unsigned *)arrive < gridDim.x) /* a grid not all resident: a trap */
+        if (k_globaltimer() - w0 > 2000000000ull) __trap();
     const uint8_t *p = src + (size_t)blockIdx.x * ncopy * bytes;
     auto queue = [&](int k) {
         k_mbar_expect(bar + k, bytes);
