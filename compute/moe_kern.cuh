@@ -108,13 +108,13 @@ struct sl_kttab {
 /* Bench instrumentation of the weight-streaming kernels (NULL in compute/): a group
  * leader's %globaltimer at its milestones, SL_KSTAMP_SLOTS slots a (CTA, group) record:
  * 0 entry, 1 past the previous kernel (and, gate/up, x landed), 2 + 2i unit i's bytes
- * landed and 3 + 2i unit i done (i < SL_KSTAMP_UNITS), in the bulk-copy gate/up 24 the ns
- * its leader spent queueing refills after its units (not a time: a sum) and 25 their
- * count, and in the device-table gate/up's
- * group 0: 26 x's image landed (seen by its second warp, which waits for nothing else),
- * 27 the routed stages queued after the table (thread 0), 28 the selection's table read;
- * 29 (the device-table gate/up) past its final wait for the selection's grid, 30 the
- * group's end, 31 its units (low 32 bits) and its SM. */
+ * landed and 3 + 2i unit i done (i < SL_KSTAMP_UNITS); in the bulk-copy gate/up, 24 the
+ * ns its leader spent queueing refills after its units (a sum, not a time) and 25 their
+ * count; in the device-table gate/up's group 0, 26 x's image landed (seen by its second
+ * warp, which waits for nothing else), 27 the routed stages queued after the table
+ * (thread 0) and 28 the selection's table read; 29 (the device-table gate/up) past its
+ * final wait for the selection's grid, 30 the group's end, 31 its units (low 32 bits)
+ * and its SM. */
 __device__ __forceinline__ uint32_t k_smid()
 {
     uint32_t id;
