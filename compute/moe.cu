@@ -418,6 +418,21 @@ static size_t router_norm_smem(const sl_moe_shape *s)
     return sizeof(float) * ((size_t)s->dim + SL_EMU_NORM_LANES);
 }
 
+/* The prefetching router for dim (<= 256 RT_C), with the norm inside it or not: at the
+ * model's width (256 RT_CX) the form whose row bounds are constants; its name into
+ * *name (for prep_kernel's errors) when name is not NULL. */
+static decltype(&k_router_pf<RT_NW, RT_C>) router_pf(uint32_t dim, bool norm, const char **name)
+{
+    const bool exact = dim == 256 * RT_CX;
+    if (name)
+        *name = exact ? (norm ? "k_router_pf (norm, exact)" : "k_router_pf (exact)")
+                      : (norm ? "k_router_pf (norm)" : "k_router_pf");
+    if (exact)
+        return norm ? k_router_pf<RT_NW, RT_CX, true, true>
+                    : k_router_pf<RT_NW, RT_CX, false, true>;
+    return norm ? k_router_pf<RT_NW, RT_C, true> : k_router_pf<RT_NW, RT_C>;
+}
+
 /* Router logits of x into logits (device-visible): the prefetching kernel, which
  * overlaps its weight loads with the kernel before it, where its registers hold a row
  * share. With ximg, x is also quantized there for the bulk-copy gate/up. Both forms
@@ -436,15 +451,11 @@ static cudaError_t launch_router(const sl_gpu_ctx *c, const uint16_t *x, const u
         const cudaError_t rc = launch_norm(c, nm->h, nm->y, nm->h_out, nm->w, nm->eps, nm->x);
         if (rc != cudaSuccess) return rc;
     }
-    const bool exact = s->dim == 256 * RT_CX;
     if (s->dim <= 256 * RT_C) /* router_norms implies it */
-        return k_launch(
-            exact ? (in_router ? k_router_pf<RT_NW, RT_CX, true, true>
-                               : k_router_pf<RT_NW, RT_CX, false, true>)
-                  : (in_router ? k_router_pf<RT_NW, RT_C, true> : k_router_pf<RT_NW, RT_C>),
-            (s->n_expert + RT_NW - 1) / RT_NW, RT_NW * 32, in_router ? router_norm_smem(s) : smem,
-            c->main, USE_PDL, w, x, s->n_expert, s->dim, s->gate_temp, logits, ximg, c->rt_stamps,
-            in_router ? *nm : k_rnorm{});
+        return k_launch(router_pf(s->dim, in_router, NULL), (s->n_expert + RT_NW - 1) / RT_NW,
+                        RT_NW * 32, in_router ? router_norm_smem(s) : smem, c->main, USE_PDL, w, x,
+                        s->n_expert, s->dim, s->gate_temp, logits, ximg, c->rt_stamps,
+                        in_router ? *nm : k_rnorm{});
     if (ximg) {
         const cudaError_t rc = launch_quant_img(c, x, ximg, c->main, USE_PDL);
         if (rc != cudaSuccess) return rc;
@@ -531,21 +542,17 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
     if (rc) return rc;
     rc = prep_kernel(k_router<BF_NW>, BF_NW * 32, sizeof(float) * dim, &occ, "k_router", err);
     if (rc) return rc;
-    const bool exact = dim == 256 * RT_CX;
+    const char *name;
     if (dim <= 256 * RT_C) {
         int o2 = 0;
-        rc = exact ? prep_kernel(k_router_pf<RT_NW, RT_CX, false, true>, RT_NW * 32,
-                                 sizeof(float) * dim, &o2, "k_router_pf (exact)", err)
-                   : prep_kernel(k_router_pf<RT_NW, RT_C>, RT_NW * 32, sizeof(float) * dim, &o2,
-                                 "k_router_pf", err);
+        const auto k = router_pf(dim, false, &name);
+        rc = prep_kernel(k, RT_NW * 32, sizeof(float) * dim, &o2, name, err);
         if (rc) return rc;
     }
     if (router_norms(&c->shape)) {
         int o3 = 0;
-        rc = exact ? prep_kernel(k_router_pf<RT_NW, RT_CX, true, true>, RT_NW * 32,
-                                 router_norm_smem(&c->shape), &o3, "k_router_pf (norm, exact)", err)
-                   : prep_kernel(k_router_pf<RT_NW, RT_C, true>, RT_NW * 32,
-                                 router_norm_smem(&c->shape), &o3, "k_router_pf (norm)", err);
+        const auto k = router_pf(dim, true, &name);
+        rc = prep_kernel(k, RT_NW * 32, router_norm_smem(&c->shape), &o3, name, err);
         if (rc) return rc;
     }
     if (c->gt_ok) { /* its static table needs a little more shared memory: else unused */
