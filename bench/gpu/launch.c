@@ -24,6 +24,13 @@ static int cmp_d(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* p10, median, p90 and max of v[n] (sorted here). */
+static void quantiles(double *v, size_t n, double out[4])
+{
+    qsort(v, n, sizeof *v, cmp_d);
+    out[0] = v[n / 10], out[1] = v[n / 2], out[2] = v[n * 9 / 10], out[3] = v[n - 1];
+}
+
 /* The handoff table: each shape's latencies (us from the stores to a poller's sight)
  * over every poller of every launch. */
 static int handoff_table(FILE *md)
@@ -60,25 +67,18 @@ static int handoff_table(FILE *md)
             else
                 lat[m++] = lat[k];
         }
-        qsort(lat, (size_t)m, sizeof *lat, cmp_d);
-        if (m)
+        double lq[4];
+        if (m) {
+            quantiles(lat, (size_t)m, lq);
             snprintf(line, sizeof line, "| %d | %d | %d | %.2f | %.2f | %.2f | %d | %d |\n", n,
-                     shapes[i].sleep_ns, shapes[i].ncopy, lat[m / 2], lat[m * 9 / 10], lat[m - 1],
-                     gave_up, late);
-        else
+                     shapes[i].sleep_ns, shapes[i].ncopy, lq[1], lq[2], lq[3], gave_up, late);
+        } else
             snprintf(line, sizeof line, "| %d | %d | %d | | | | %d | %d |\n", n, shapes[i].sleep_ns,
                      shapes[i].ncopy, gave_up, late);
         free(lat);
         bm_put(md, line);
     }
     return 0;
-}
-
-/* p10, median, p90 and max of v[n] (sorted here). */
-static void quantiles(double *v, size_t n, double out[4])
-{
-    qsort(v, n, sizeof *v, cmp_d);
-    out[0] = v[n / 10], out[1] = v[n / 2], out[2] = v[n * 9 / 10], out[3] = v[n - 1];
 }
 
 /* The first wave: every CTA queueing its bulk copies at one moment (lb_wave), for a
