@@ -44,6 +44,13 @@
 #define PK_RING 4    /* stages of Q3_K downs between the copy and their tiling */
 #define RT_C    24   /* 16-byte chunks per lane of the prefetching router (dim <= 6144) */
 #define RT_CX   20   /* the same for dim 5120 exactly (the model's): constant bounds */
+#ifndef GT_NBX
+#define GT_NBX 20 /* the bulk-copy gate/ups' blocks a row at dim 5120 (a constant; 0: none) */
+#endif
+#ifndef GT_SPL
+#define GT_SPL                                                                                     \
+    1 /* their stages in the split layout (SL_GU_SPLIT_GAP; 0: a stage's rows together) */
+#endif
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
@@ -195,7 +202,7 @@ static cudaError_t join_copies(sl_gpu_ctx *c)
 /* Shared memory of the bulk-copy gate/up. */
 static size_t gt_smem(uint32_t dim)
 {
-    return k_gateup_tma_smem(dim, GT_TR, GT_ST);
+    return k_gateup_tma_smem(dim, GT_TR, GT_ST, 0, 0, GT_SPL);
 }
 
 /* ---- launchers, one per kernel family ---- */
@@ -208,37 +215,62 @@ static cudaError_t launch_quant_img(const sl_gpu_ctx *c, const uint16_t *x, uint
     return k_launch(k_quant_x_img, (blocks + 7) / 8, 256, 0, st, pdl, x, c->shape.dim, img);
 }
 
+/* The bulk-copy gate/ups' pointer types (every form of a family has the same), named
+ * after a form that is built */
+using gt_fn = decltype(&k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, false, 0,
+                                          0, GT_SPL>);
+using gtd_fn = decltype(&k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false,
+                                               false, 0, 0, GT_SPL>);
+
 /* The host-table bulk-copy gate/up: staggered or not, recording milestones or not,
- * writing h's q8_1 in form qh (3, 4: compute/moe_kern.cuh) or leaving it to k_quant_h. */
-template <bool STG, bool STAMP>
-static decltype(&k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gt_kernel_qh(int qh)
-{
-    if (qh == 3) return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP, 3>;
-    if (qh == 4) return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP, 4>;
-    return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP>;
-}
-
-static decltype(&k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gt_kernel(bool stg, bool stamp,
-                                                                          int qh)
-{
-    if (stamp) return stg ? gt_kernel_qh<true, true>(qh) : gt_kernel_qh<false, true>(qh);
-    return stg ? gt_kernel_qh<true, false>(qh) : gt_kernel_qh<false, false>(qh);
-}
-
-/* The device-table gate/up, recording milestones or not, h's q8_1 as gt_kernel's. */
-template <bool STAMP>
-static decltype(&k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gtd_kernel_qh(int qh)
+ * writing h's q8_1 in form qh (3, 4: compute/moe_kern.cuh) or leaving it to k_quant_h;
+ * NB: the form for dim 256 NB exactly (0: any dim). */
+template <bool STG, bool STAMP, int NB> static gt_fn gt_kernel_qh(int qh)
 {
     if (qh == 3)
-        return k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, STAMP, 3>;
+        return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP, 3, NB,
+                                 GT_SPL>;
     if (qh == 4)
-        return k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, STAMP, 4>;
-    return k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, STAMP>;
+        return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP, 4, NB,
+                                 GT_SPL>;
+    return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP, 0, NB, GT_SPL>;
 }
 
-static decltype(&k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG>) gtd_kernel(bool stamp, int qh)
+/* Whether the gate/ups take their form for the model's width (GT_NBX blocks a row). */
+static bool gt_exact(uint32_t dim)
 {
-    return stamp ? gtd_kernel_qh<true>(qh) : gtd_kernel_qh<false>(qh);
+    return GT_NBX && dim == 256u * GT_NBX;
+}
+
+template <int NB> static gt_fn gt_kernel_nb(bool stg, bool stamp, int qh)
+{
+    if (stamp) return stg ? gt_kernel_qh<true, true, NB>(qh) : gt_kernel_qh<false, true, NB>(qh);
+    return stg ? gt_kernel_qh<true, false, NB>(qh) : gt_kernel_qh<false, false, NB>(qh);
+}
+
+static gt_fn gt_kernel(bool stg, bool stamp, int qh, uint32_t dim)
+{
+    return gt_exact(dim) ? gt_kernel_nb<GT_NBX>(stg, stamp, qh) : gt_kernel_nb<0>(stg, stamp, qh);
+}
+
+/* The device-table gate/up, recording milestones or not, h's q8_1 and NB as gt_kernel's. */
+template <bool STAMP, int NB> static gtd_fn gtd_kernel_qh(int qh)
+{
+    if (qh == 3)
+        return k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, STAMP, 3, NB,
+                                     GT_SPL>;
+    if (qh == 4)
+        return k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, STAMP, 4, NB,
+                                     GT_SPL>;
+    return k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, STAMP, 0, NB,
+                                 GT_SPL>;
+}
+
+static gtd_fn gtd_kernel(bool stamp, int qh, uint32_t dim)
+{
+    if (gt_exact(dim))
+        return stamp ? gtd_kernel_qh<true, GT_NBX>(qh) : gtd_kernel_qh<false, GT_NBX>(qh);
+    return stamp ? gtd_kernel_qh<true, 0>(qh) : gtd_kernel_qh<false, 0>(qh);
 }
 
 /* The CTAs of a bulk-copy gate/up of `units` units, at most occ an SM: with h's q8_1
@@ -301,8 +333,9 @@ static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const 
         if (rc != cudaSuccess) return rc;
         const int qh = gt_qh_for(c, tab.n);
         const uint32_t grid = gt_grid(c, (uint32_t)tab.n * (inter / GT_TR), c->gt_occ, qh);
-        rc = k_launch(gt_kernel(c->gt_stg, s.stamps != NULL, qh), grid, GT_NG * GT_NW * 32,
-                      gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img, dim, inter, limit, s);
+        rc = k_launch(gt_kernel(c->gt_stg, s.stamps != NULL, qh, c->shape.dim), grid,
+                      GT_NG * GT_NW * 32, gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img, dim,
+                      inter, limit, s);
         if (rc == cudaSuccess && wrote_qh) *wrote_qh = qh != 0;
         return rc;
     }
@@ -507,7 +540,7 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         c->gt_occ = 1 << 30; /* the least of its twelve forms (the same shape) */
         for (int f = 0; f < 12; f++) {
             int o = 0;
-            rc = prep_kernel(gt_kernel(f & 1, f >> 1 & 1, f >> 2 ? 2 + (f >> 2) : 0),
+            rc = prep_kernel(gt_kernel(f & 1, f >> 1 & 1, f >> 2 ? 2 + (f >> 2) : 0, dim),
                              GT_NG * GT_NW * 32, gts, &o, "k_gateup_tma_q2_k", err);
             if (rc) return rc;
             if (o < c->gt_occ) c->gt_occ = o;
@@ -560,7 +593,7 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         c->gtd_occ = 1 << 30; /* the least of its six forms */
         for (int f = 0; f < 6 && c->gtd_ok; f++) {
             int o = 0;
-            c->gtd_ok = !prep_kernel(gtd_kernel(f & 1, f >> 1 ? 2 + (f >> 1) : 0),
+            c->gtd_ok = !prep_kernel(gtd_kernel(f & 1, f >> 1 ? 2 + (f >> 1) : 0, dim),
                                      GT_NG * GT_NW * 32, gts, &o, "k_gateup_tma_dev_q2_k", NULL) &&
                         o >= 1;
             if (o < c->gtd_occ) c->gtd_occ = o;
@@ -964,7 +997,7 @@ static int route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w, cons
     if (t0) { /* right after the selection (PDL): the shared expert's rows load meanwhile */
         const uint32_t grid =
             gt_grid(c, (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR), c->gtd_occ, c->gtd_qh);
-        CK(k_launch(gtd_kernel(c->rs.stamps != NULL, c->gtd_qh), grid, GT_NG * GT_NW * 32,
+        CK(k_launch(gtd_kernel(c->rs.stamps != NULL, c->gtd_qh, s->dim), grid, GT_NG * GT_NW * 32,
                     gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,
                     (const uint8_t *)c->ximg[0], s->dim, s->inter, s->swiglu_limit, c->rs, c->sh,
                     with_sh, (const sl_kttab *)(c->gtd_flag ? c->ttab_dev : NULL), c->ttab_tag),

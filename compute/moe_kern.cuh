@@ -43,6 +43,17 @@ struct sl_ktab {
     unsigned pk; /* bit i: e[i].down is tiled in device memory (SL_Q3K_TB), else raw */
     sl_kexp e[SL_GPU_MAX_USED];
 };
+/* The gate/up's part of an entry and a table of them: the device-table gate/up keeps its
+ * table in shared memory, where its bytes count (k_gateup_tma_dev_q2_k). */
+struct sl_kgu {
+    const uint8_t *gate, *up;
+    float w;
+    int slot;
+};
+struct sl_kgutab {
+    int n;
+    sl_kgu e[SL_GPU_MAX_USED];
+};
 
 /* Scratch of one gate/up -> down pass. */
 struct sl_kscratch {
@@ -635,14 +646,17 @@ __device__ __forceinline__ float k_i2f(int i)
 }
 
 /* The four accumulators (groups 4j + s, s = 0..3) of lane (j, m) of one Q2_K row
- * (row 4-byte aligned in shared memory); see the section comment. */
+ * (row 4-byte aligned in shared memory); see the section comment. NB: nb as a constant
+ * (0: nb at run time), the lane's NB / 4 blocks then unrolled. */
+template <int NB = 0>
 __device__ __forceinline__ void k_dot4_q2_k(const uint8_t *row, const int8_t *aq, const float *ad,
                                             const int *as, uint32_t nb, int j, int m,
                                             float (&acc)[4])
 {
+    static_assert(NB % 4 == 0, "NB: every lane the same count of blocks");
 #pragma unroll
     for (int s = 0; s < 4; s++) acc[s] = 0.0f;
-    for (uint32_t b = m; b < nb; b += 4) {
+    auto block = [&](uint32_t b) {
         const uint8_t *blk = row + 84 * b;
         const uint32_t *qw = (const uint32_t *)(blk + 16 + 32 * j);
         uint32_t w[8];
@@ -691,6 +705,12 @@ __device__ __forceinline__ void k_dot4_q2_k(const uint8_t *row, const int8_t *aq
             const float v = sl_emu_fma(-dmin, k_i2f(imin), p);
             acc[s] = sl_emu_fma(d8[s], v, acc[s]);
         }
+    };
+    if (NB) {
+#pragma unroll
+        for (int i = 0; i < NB / 4; i++) block((uint32_t)(m + 4 * i));
+    } else {
+        for (uint32_t b = m; b < nb; b += 4) block(b);
     }
 }
 
@@ -919,21 +939,29 @@ __global__ void __launch_bounds__(256)
         k_quant_block<true>(sl_emu_bf16_to_f32(x[32 * b + lane]), b, lane, aq, ad, as);
 }
 
-/* Bytes of one stage of k_gateup_tma_q2_k: TR rows of gate, then TR rows of up. */
+/* Bytes of one stage of k_gateup_tma_q2_k: TR rows of gate and TR rows of up. */
 __host__ __device__ inline uint32_t k_gut_stage(uint32_t dim, int tr)
 {
     return 2u * (uint32_t)tr * (dim / 256 * 84);
 }
 
+/* The split stage layout (SPL): the ST stages' gate tiles, then this gap, then their up
+ * tiles, so that a stage's up tile starts 64 bytes past a multiple of 128 from its gate
+ * tile (ST TR rows are 2688 nb bytes, 21 nb lines of 128). At dim 5120 a gate row and
+ * the up row of the same lanes then fall in other banks: in one stage of TR rows each
+ * (13440 bytes, 105 lines) they fall in the same, and every weight load of the unit is a
+ * 2-way conflict (k_gateup_dp4a_unit's lanes). */
+#define SL_GU_SPLIT_GAP 64
+
 /* Queues TR rows of gate and TR of up of expert x from row r0 (rb bytes a row) into the
- * stage at dst, gate's first, completing on b. */
-template <int TR>
-__device__ __forceinline__ void k_issue_gu_rows(uint8_t *dst, uint64_t *b, const sl_kexp &x,
-                                                uint32_t r0, uint32_t rb)
+ * stage at dst (gate) and dst + upoff (up), gate's first, completing on b. */
+template <int TR, typename X>
+__device__ __forceinline__ void k_issue_gu_rows(uint8_t *dst, uint64_t *b, const X &x, uint32_t r0,
+                                                uint32_t rb, uint32_t upoff)
 {
     k_mbar_expect(b, 2 * TR * rb);
     k_bulk(dst, x.gate + (size_t)r0 * rb, TR * rb, b);
-    k_bulk(dst + TR * rb, x.up + (size_t)r0 * rb, TR * rb, b);
+    k_bulk(dst + upoff, x.up + (size_t)r0 * rb, TR * rb, b);
 }
 
 /* The start of a gate/up pipeline (k_pipe_start over nbar barriers): without DEV,
@@ -993,11 +1021,11 @@ template <int NW> __device__ __forceinline__ void k_group_bar(int grp)
  * its xor 16 and 8, over h as its xor 4; then over s as its xor 2 and 1 by shuffles)
  * and SwiGLU the 16 rows into h. Barriers: red is free (the previous unit's
  * reduction is done), then red is full and the stage read. */
-template <int NW, typename F>
+template <int NW, typename E, typename F>
 __device__ __forceinline__ void
 k_gateup_mma_unit(const uint8_t *st, uint32_t rb, uint32_t nb, const int8_t *aq, const float *ad,
                   const int *as, const int8_t *zero, float4 *red, int grp, int warp, int lane,
-                  const sl_kexp &ex, float *h, float limit, F &&stage_free)
+                  const E &ex, float *h, float limit, F &&stage_free)
 {
     float acc[2][2];
     k_mma4_q2_k(st + (warp & 1) * 16 * rb, rb, aq, ad, as, zero, nb, (uint32_t)warp >> 1, acc);
@@ -1026,18 +1054,18 @@ k_gateup_mma_unit(const uint8_t *st, uint32_t rb, uint32_t nb, const int8_t *aq,
 /* One unit with dp4a: each warp step is the sandbox's k_gateup4_q2_k's (rows r, r + 1 of gate and
  * up, 8 lanes a row); then the group's barrier frees the stage. Returns, in lanes 0
  * and 16, the h of row 2p + lane / 16 of the warp's last step p. */
-template <int NW, int TR, int NG, typename F>
+template <int NW, int TR, int NG, int NB = 0, typename E, typename F>
 __device__ __forceinline__ float
-k_gateup_dp4a_unit(const uint8_t *st, uint32_t rb, uint32_t nb, const int8_t *aq, const float *ad,
-                   const int *as, int grp, int warp, int lane, const sl_kexp &ex, float *h,
-                   float limit, F &&stage_free)
+k_gateup_dp4a_unit(const uint8_t *st, uint32_t upoff, uint32_t rb, uint32_t nb, const int8_t *aq,
+                   const float *ad, const int *as, int grp, int warp, int lane, const E &ex,
+                   float *h, float limit, F &&stage_free)
 {
     const int t = lane >> 3, n = lane & 7;
     float hv = 0.0f;
     for (int p = warp; p < TR / 2; p += NW) {
-        const uint8_t *row = st + (t & 1) * TR * rb + (2 * p + (t >> 1)) * rb;
+        const uint8_t *row = st + (t & 1) * upoff + (2 * p + (t >> 1)) * rb;
         float a[4];
-        k_dot4_q2_k(row, aq, ad, as, nb, n & 1, n >> 1, a);
+        k_dot4_q2_k<NB>(row, aq, ad, as, nb, n & 1, n >> 1, a);
         const float v = k_comb4(a);
         const float o = __shfl_xor_sync(~0u, v, 8); /* gate lanes get their up */
         if ((lane & 15) == 0) {
@@ -1080,6 +1108,19 @@ __device__ __forceinline__ void k_quant_h_last(const sl_kscratch &s, int slot, u
     k_quant_h_group(s, g, __ldcg(&s.h[(size_t)g * 32 + lane]), lane);
 }
 
+/* The device-table gate/up's copy of a table written in device memory (the selection's
+ * untagged form): whole, or the gate/up's part of each entry. */
+__device__ __forceinline__ void k_tab_take(sl_ktab &dst, const sl_ktab &src)
+{
+    dst = src;
+}
+__device__ __forceinline__ void k_tab_take(sl_kgutab &dst, const sl_ktab &src)
+{
+    dst.n = src.n;
+    for (int i = 0; i < SL_GPU_MAX_USED; i++)
+        dst.e[i] = sl_kgu{src.e[i].gate, src.e[i].up, src.e[i].w, src.e[i].slot};
+}
+
 /* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (QH: and its
  * q8_1, k_quant_h_last, the warp of each unit after it (1) or the CTA's warps, a unit
  * each, at its end (2); or (3) each q8_1 group of h by the warp group that computed
@@ -1103,11 +1144,13 @@ __device__ __forceinline__ void k_quant_h_last(const sl_kscratch &s, int slot, u
  * tpe + n - 1) % n), so that its first stages (and x) are queued before that wait. STG: the
  * host-table form's staggered start. STAMP: the form that records milestones (s.stamps). TR % 4 ==
  * 0 keeps a tile a multiple of 16 bytes for every dim % 256 == 0; ST % NG == 0 keeps a stage within
- * one group. */
+ * one group. NB (not 0): dim is 256 NB exactly, so a lane's blocks are a constant count, unrolled
+ * (the kernels then ask for 2 CTAs an SM: 128 registers at most). SPL: the split stage layout
+ * (SL_GU_SPLIT_GAP; the dp4a unit only). TAB: sl_ktab, or the device-table form's sl_kgutab. */
 template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, bool STG, bool STAMP,
-          int QH = 0>
+          int QH = 0, int NB = 0, bool SPL = false, typename TAB>
 __device__ __forceinline__ void
-k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, const sl_kttab *ttab,
+k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kttab *ttab,
                   unsigned tag, const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg,
                   uint32_t dim, uint32_t inter, float limit, const sl_kscratch &s)
 {
@@ -1119,8 +1162,12 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
     float *ad = (float *)(aq + dim + dim / 8); /* [dim/32] */
     int *as = (int *)(ad + dim / 32);          /* [dim/16 + dim/128] padded sums */
     uint8_t *stage = (uint8_t *)k_smem + k_gu4_xbytes(dim);
-    const uint32_t rb = dim / 256 * 84, nb = dim / 256, sb = k_gut_stage(dim, TR);
-    uint64_t *bar = (uint64_t *)(stage + (size_t)ST * sb);
+    static_assert(!NB || !MMA, "NB: the dp4a unit's blocks");
+    static_assert(!SPL || !MMA, "the split layout: the dp4a unit's rows");
+    const uint32_t nb = NB ? NB : dim / 256, rb = nb * 84, sb = k_gut_stage(dim, TR);
+    /* stage k's gate tile at stage + k gs, its up tile upoff further */
+    const uint32_t gs = SPL ? TR * rb : sb, upoff = SPL ? ST * TR * rb + SL_GU_SPLIT_GAP : TR * rb;
+    uint64_t *bar = (uint64_t *)(stage + (size_t)ST * sb + (SPL ? SL_GU_SPLIT_GAP : 0));
     const uint32_t tpe = inter / TR, grid = gridDim.x;
     const int lane = threadIdx.x & 31, grp = threadIdx.x / (NW * 32),
               warp = (threadIdx.x >> 5) % NW;
@@ -1139,14 +1186,15 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
     };
 
     /* queues rows r0.. of expert x into stage k % ST */
-    auto issue_rows = [&](uint32_t k, const sl_kexp &x, uint32_t r0) {
-        k_issue_gu_rows<TR>(stage + (size_t)(k % ST) * sb, bar + k % ST, x, r0, rb);
+    auto issue_rows = [&](uint32_t k, const auto &x, uint32_t r0) {
+        k_issue_gu_rows<TR>(stage + (size_t)(k % ST) * gs, bar + k % ST, x, r0, rb, upoff);
     };
     bool pfd = !PFD; /* PFD: group 0's first issue past the units prefetches the downs */
     auto issue = [&](uint32_t k) { /* the CTA's k-th unit into stage k % ST */
                                    const uint32_t u = unit(k);
                                    if (u >= units) {
-                                       if (!pfd && grp == 0) k_prefetch_downs(tab, dim, inter);
+                                       if constexpr (PFD)
+                                           if (!pfd && grp == 0) k_prefetch_downs(tab, dim, inter);
                                        pfd = true;
                                        return;
                                    }
@@ -1191,7 +1239,7 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
             }
         }
         if (!ttab) {
-            if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
+            if (threadIdx.x == 0) k_tab_take(*tab_dst, *tabp); /* tab is *tab_dst */
         } else if (threadIdx.x < 32) { /* the selection's tagged table (k_route_select),
                                         * written before its host writes and their fence;
                                         * the wait for its grid comes at the end */
@@ -1207,7 +1255,7 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
                     k_stamp(rec, 28);
                     if (lane == 0) tab_dst->n = (int)n;
                     if (lane >= 1 && (uint32_t)lane < 1 + 3 * n) {
-                        sl_kexp &x = tab_dst->e[(lane - 1) / 3];
+                        auto &x = tab_dst->e[(lane - 1) / 3];
                         const unsigned long long p = v & ~15ull;
                         if ((lane - 1) % 3 == 0) x.gate = (const uint8_t *)p;
                         if ((lane - 1) % 3 == 1) x.up = (const uint8_t *)p;
@@ -1251,12 +1299,12 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
     float held[PG > 1 ? PG - 1 : 1]; /* QH 3, 4: lanes 0, 16: the h of the group's units so far */
     for (uint32_t k = grp; unit(k) < units; k += NG, i++) {
         const uint32_t u = unit(k), r0 = (u % tpe) * TR;
-        const sl_kexp &ex = tab.e[(u / tpe + rot) % tab.n];
+        const auto &ex = tab.e[(u / tpe + rot) % tab.n];
         k_mbar_wait(bar + k % ST, (k / ST) & 1);
         k_stamp_unit(rec, i, 0);
         if (STG && k < NG && threadIdx.x % (NW * 32) == 0) /* the group's other stages */
             for (uint32_t q = k + NG; q < ST; q += NG) issue(q);
-        const uint8_t *st = stage + (size_t)(k % ST) * sb;
+        const uint8_t *st = stage + (size_t)(k % ST) * gs;
         float *h = s.h + (size_t)ex.slot * inter + r0;
         auto stage_free = [&] {
             k_fence_proxy();
@@ -1268,16 +1316,16 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
             k_gateup_mma_unit<NW>(st, rb, nb, aq, ad, as, zero, red, grp, warp, lane, ex, h, limit,
                                   stage_free);
         } else if (QH < 3 || i % PG != PG - 1) {
-            const float hv = k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane,
-                                                            ex, h, limit, stage_free);
+            const float hv = k_gateup_dp4a_unit<NW, TR, NG, NB>(
+                st, upoff, rb, nb, aq, ad, as, grp, warp, lane, ex, h, limit, stage_free);
             if (QH >= 3)
 #pragma unroll
                 for (int m = 0; m < PG - 1; m++)
                     if (i % PG == (uint32_t)m) held[m] = hv;
         } else { /* the group's last unit of the chunk: the stages are freed after the q8_1 */
-            const float hv = k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane,
-                                                            ex, h, limit, [] {});
-            float *hs = (float *)(stage + (size_t)(k % ST) * sb); /* read in full by now */
+            const float hv = k_gateup_dp4a_unit<NW, TR, NG, NB>(st, upoff, rb, nb, aq, ad, as, grp,
+                                                                warp, lane, ex, h, limit, [] {});
+            float *hs = (float *)(stage + (size_t)(k % ST) * gs); /* read in full by now */
             if ((lane & 15) == 0) {
                 const int r = 2 * warp + (lane >> 4);
 #pragma unroll
@@ -1294,7 +1342,7 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
                 const uint32_t uu = (uint32_t)lane / TR; /* the chunk's unit of row lane */
                 const float v =
                     ((const float *)(stage + (size_t)((k + uu / PG) % ST) *
-                                                 sb))[uu % PG * TR +
+                                                 gs))[uu % PG * TR +
                                                       lane % TR]; /* QH 4: group uu / PG's stage */
                 __syncwarp();
                 if (lane == 0) {
@@ -1327,14 +1375,14 @@ k_gateup_tma_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *tabp, con
  * at the CTA's end (2), or (3) each group of 32 rows by the warp group that computed
  * them (no counters). */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
-          bool STAMP = false, int QH = 0>
-__global__ void __launch_bounds__(NG *NW * 32, 1)
+          bool STAMP = false, int QH = 0, int NB = 0, bool SPL = false>
+__global__ void __launch_bounds__(NG *NW * 32, NB ? 2 : 1)
     k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                       uint32_t dim, uint32_t inter, float limit,
                       const __grid_constant__ sl_kscratch s)
 {
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD, STG, STAMP, QH>(
-        tab, NULL, NULL, NULL, 0, tab.e[0], 0, ximg, dim, inter, limit, s);
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD, STG, STAMP, QH, NB, SPL>(
+        tab, (sl_ktab *)NULL, NULL, NULL, 0, tab.e[0], 0, ximg, dim, inter, limit, s);
 }
 
 /* The same with the table in device memory, written by the kernel before it on the
@@ -1345,23 +1393,25 @@ __global__ void __launch_bounds__(NG *NW * 32, 1)
  * token may have, the CTAs beyond the table's units return at once. tabp is not
  * restrict: the read-only path may hold an older layer's table. */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
-          bool STAMP = false, int QH = 0>
-__global__ void __launch_bounds__(NG *NW * 32, 1)
+          bool STAMP = false, int QH = 0, int NB = 0, bool SPL = false>
+__global__ void __launch_bounds__(NG *NW * 32, NB ? 2 : 1)
     k_gateup_tma_dev_q2_k(const sl_ktab *tabp, const uint8_t *__restrict__ ximg, uint32_t dim,
                           uint32_t inter, float limit, const __grid_constant__ sl_kscratch s,
                           const __grid_constant__ sl_kexp sh, int sh_first, const sl_kttab *ttab,
                           unsigned tag)
 {
-    __shared__ sl_ktab tab;
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG, STAMP, QH>(
+    __shared__ sl_kgutab tab;
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG, STAMP, QH, NB, SPL>(
         tab, &tab, tabp, ttab, tag, sh, sh_first, ximg, dim, inter, limit, s);
 }
 
-/* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form) */
-inline size_t k_gateup_tma_smem(uint32_t dim, int tr, int st, int ng = 0, int nw = 0)
+/* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form); spl: the
+ * split stage layout's gap */
+inline size_t k_gateup_tma_smem(uint32_t dim, int tr, int st, int ng = 0, int nw = 0,
+                                bool spl = false)
 {
-    return k_gu4_xbytes(dim) + (size_t)st * k_gut_stage(dim, tr) + 8 * (size_t)st + 16 +
-           (ng ? (size_t)ng * nw * 32 * 16 + 16 : 0);
+    return k_gu4_xbytes(dim) + (size_t)st * k_gut_stage(dim, tr) + (spl ? SL_GU_SPLIT_GAP : 0) +
+           8 * (size_t)st + 16 + (ng ? (size_t)ng * nw * 32 * 16 + 16 : 0);
 }
 
 /* ---- persistent pipelined down: bench run 7 (bench/results/2026-11-30-moe.md) ----

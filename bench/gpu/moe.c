@@ -54,7 +54,8 @@ typedef struct opts {
 /* Whether --quick runs variant v's row. */
 static int quick_row(const opts *o, int v)
 {
-    if (v == MB_V_SHIPPED || v == MB_V_S20 || v == MB_V_S11 || v == MB_V_BEFORE || v == MB_V_S9)
+    if (v == MB_V_SHIPPED || v == MB_V_NBONLY || v == MB_V_SPLONLY || v == MB_V_S24 ||
+        v == MB_V_S20 || v == MB_V_S11 || v == MB_V_BEFORE || v == MB_V_S9)
         return 1;
     for (int i = 0; i < o->n_also; i++)
         if (o->also[i] == v) return 1;

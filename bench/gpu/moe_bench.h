@@ -70,7 +70,9 @@ int mb_ptr_kind(const void *p, int n);
  * three blocks' chains interleaved; session 13's downs (MB_V_RING and the
  * four after it: in one round, and compute/'s at 72 registers); what compute/ ran for
  * device weights until session 9, until session 11 (h's q8_1 by k_quant_h), and until
- * session 10 (raw blocks; the last variant). */
+ * session 10 (raw blocks); compute/'s gate/up for dim 5120 with a stage's rows together, then
+ * for any dim with the stages split, then compute/'s until session 25 (for any dim, rows
+ * together; the last variant). */
 #define MB_V_MAPPED  0
 #define MB_V_SHIPPED 1
 #define MB_V_S20     2
@@ -78,6 +80,9 @@ int mb_ptr_kind(const void *p, int n);
 #define MB_V_S9      16
 #define MB_V_S11     51
 #define MB_V_BEFORE  52
+#define MB_V_NBONLY  53
+#define MB_V_SPLONLY 54
+#define MB_V_S24     55
 
 int mb_variant_count(void);
 const char *mb_variant_name(int v);

@@ -573,7 +573,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
         return sl_fused_plan_unit(&plan, k, &j, &x);
     };
     auto issue_rows = [&](uint32_t k, const sl_kexp &e, uint32_t r0) {
-        k_issue_gu_rows<TR>(stage + (size_t)(k % ST) * sb, bar + k % ST, e, r0, rb);
+        k_issue_gu_rows<TR>(stage + (size_t)(k % ST) * sb, bar + k % ST, e, r0, rb, TR * rb);
     };
     auto issue = [&](uint32_t k) { /* the CTA's k-th unit into stage k % ST */
                                    uint32_t j, x;
@@ -654,7 +654,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
         const uint32_t hb = (k / NG) & 1, hpar = ((k / NG / 2) & 1) ^ 1; /* HELP: buffer */
         if (kind == SL_FP_GATEUP) {
             if (HELP) k_mbar_wait(&hempty[grp][hb], hpar);
-            k_gateup_dp4a_unit<NW, TR, NG>(st, rb, nb, aq, ad, as, grp, warp, lane, ex,
+            k_gateup_dp4a_unit<NW, TR, NG>(st, TR * rb, rb, nb, aq, ad, as, grp, warp, lane, ex,
                                            HELP ? hbuf[grp][hb] : s.h + (size_t)ex.slot * inter + x,
                                            limit, stage_free);
             if (HELP) {

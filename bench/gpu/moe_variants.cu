@@ -212,12 +212,16 @@ enum {
     G_T8x3_16_3,
     G_T4x2_8_6, /* smaller gate/up stages: a down CTA fits beside it (PDL starts it early) */
     G_T4x2_8_4,
-    G_T4x2_8_4_PF,  /* ... prefetching the downs into L2 as its CTAs run out of units */
-    G_T4x2_8_4_STG, /* ... one stage a group queued at first, the others once it landed */
-    G_T4x2_8_4_QH,  /* ... and h's q8_1 by the unit that completes a group (no k_quant_h) */
-    G_T4x2_8_4_QH2, /* ... counted at each CTA's end */
-    G_T4x2_8_4_QH3, /* ... a group of 32 rows by the warp group that computed them */
-    G_T4x2_8_4_QH4, /* ... by the CTA's two groups that computed them (16 rows each) */
+    G_T4x2_8_4_PF,   /* ... prefetching the downs into L2 as its CTAs run out of units */
+    G_T4x2_8_4_STG,  /* ... one stage a group queued at first, the others once it landed */
+    G_T4x2_8_4_QH,   /* ... and h's q8_1 by the unit that completes a group (no k_quant_h) */
+    G_T4x2_8_4_QH2,  /* ... counted at each CTA's end */
+    G_T4x2_8_4_QH3,  /* ... a group of 32 rows by the warp group that computed them */
+    G_T4x2_8_4_QH3X, /* ... for dim 5120 exactly (a lane's blocks a constant count), the split
+                      * stage layout (compute/'s) */
+    G_T4x2_8_4_QH3N, /* ... for dim 5120 exactly, a stage's rows together */
+    G_T4x2_8_4_QH3S, /* ... for any dim, the split stage layout */
+    G_T4x2_8_4_QH4,  /* ... by the CTA's two groups that computed them (16 rows each) */
     G_T4x4_8_4,
     G_T8x2_16_2,
     G_T4x2_8_2,
@@ -272,10 +276,11 @@ struct variant {
 
 static constexpr variant variants[] = {
     {"run 4: gu8pf + quant_h + down2 T1 (compute, mapped weights)", G_RUN4, D_RUN4, false},
-    {"gt 2x NW4 TR8 ST4, staggered start, q8_1 of h by the warp group of its 32 rows (no quant_h) "
-     "+ dp TD8 ST2 2x on 8-row tiled Q3_K blocks (a lane: one group of two rows), a block at a "
-     "time, PDL (compute, device weights)",
-     G_T4x2_8_4_QH3, D_TB1, true},
+    {"gt 2x NW4 TR8 ST4, staggered start, q8_1 of h by the warp group of its 32 rows (no quant_h), "
+     "built for dim 5120, stages split (gate tiles, 64 bytes, up tiles) + dp TD8 ST2 2x on 8-row "
+     "tiled Q3_K blocks (a lane: one group of two rows), a block at a time, PDL (compute, device "
+     "weights)",
+     G_T4x2_8_4_QH3X, D_TB1, true},
     {"gt QH3 (as compute) + dp LPR4 TD8 ST2 2x on packed 112-byte Q3_K blocks, 2 blocks "
      "interleaved, PDL (compute until session 20)",
      G_T4x2_8_4_QH3, D_P4_8_2_2_PK2, true},
@@ -361,10 +366,21 @@ static constexpr variant variants[] = {
      G_T4x2_8_4_STG, D_P4_8_2_2_PK2, true},
     {"gt 2x NW4 TR8 ST4, staggered start + dp LPR4 TD8 ST2 2x, PDL (compute until session 10)",
      G_T4x2_8_4_STG, D_P4_8_2_2, true},
+    {"gt QH3 for dim 5120, a stage's rows together + compute's tiled down, PDL", G_T4x2_8_4_QH3N,
+     D_TB1, true},
+    {"gt QH3 for any dim, stages split + compute's tiled down, PDL", G_T4x2_8_4_QH3S, D_TB1, true},
+    {"gt QH3 for any dim (compute until session 25) + dp TD8 ST2 2x on tiled blocks, a block at a "
+     "time, PDL",
+     G_T4x2_8_4_QH3, D_TB1, true},
 };
 
-static_assert(sizeof variants / sizeof *variants == MB_V_BEFORE + 1, "MB_V_BEFORE is the last");
-static_assert(variants[MB_V_SHIPPED].gu == G_T4x2_8_4_QH3 && variants[MB_V_SHIPPED].dn == D_TB1,
+static_assert(sizeof variants / sizeof *variants == MB_V_S24 + 1, "MB_V_S24 is the last");
+static_assert(variants[MB_V_NBONLY].gu == G_T4x2_8_4_QH3N &&
+                  variants[MB_V_SPLONLY].gu == G_T4x2_8_4_QH3S,
+              "MB_V_NBONLY, MB_V_SPLONLY: compute/'s gate/up with one of its two changes");
+static_assert(variants[MB_V_S24].gu == G_T4x2_8_4_QH3 && variants[MB_V_S24].dn == D_TB1,
+              "MB_V_S24: compute/'s device-weight kernels until session 25");
+static_assert(variants[MB_V_SHIPPED].gu == G_T4x2_8_4_QH3X && variants[MB_V_SHIPPED].dn == D_TB1,
               "MB_V_SHIPPED is compute/'s device-weight kernels");
 static_assert(variants[MB_V_RING].dn == D_RING3_2, "MB_V_RING: the down in one round");
 static_assert(variants[MB_V_S20].dn == D_P4_8_2_2_PK2, "MB_V_S20: the down until session 20");
@@ -386,23 +402,24 @@ extern "C" const char *mb_variant_name(int v)
 }
 
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
-          int QH = 0>
+          int QH = 0, int NB = 0, bool SPL = false>
 static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
-    const size_t smem = k_gateup_tma_smem(io->dim, TR, ST, MMA ? NG : 0, NW);
+    const size_t smem = k_gateup_tma_smem(io->dim, TR, ST, MMA ? NG : 0, NW, SPL);
     static int occ = 0; /* bench only: set once per instantiation */
     if (!occ) {
-        cudaError_t rc =
-            cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, false, QH>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaError_t rc = cudaFuncSetAttribute(
+            k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, false, QH, NB, SPL>,
+            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess) /* the form that records milestones (io->gu_st) */
-            rc = cudaFuncSetAttribute(k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, true, QH>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            rc = cudaFuncSetAttribute(
+                k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, true, QH, NB, SPL>,
+                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (rc == cudaSuccess)
             rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, false, QH>, NG * NW * 32,
-                smem);
+                &occ, k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, false, QH, NB, SPL>,
+                NG * NW * 32, smem);
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
         printf("  [gate/up tma%s%s%s %dx NW %d TR %d ST %d: %d CTAs/SM, smem %zu]\n",
@@ -410,6 +427,7 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
                occ, smem);
     }
     if (k_gu4_xbytes(io->dim) > 16384) return cudaErrorInvalidValue; /* io->ximg's size */
+    if (NB && io->dim != 256u * NB) return cudaErrorInvalidValue;    /* its one width */
     cudaError_t rc =
         k_launch(k_quant_x_img, (io->dim / 32 + 7) / 8, 256, 0, 0, pdl, io->x, io->dim, io->ximg);
     if (rc != cudaSuccess) return rc;
@@ -417,8 +435,8 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
     const uint32_t need = QH >= 3 ? units / (32 / TR) : units; /* chunks */
     uint32_t grid = (uint32_t)(occ * n_sm);
     if (grid > need) grid = need;
-    rc = k_launch(s.stamps ? k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, true, QH>
-                           : k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, false, QH>,
+    rc = k_launch(s.stamps ? k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, true, QH, NB, SPL>
+                           : k_gateup_tma_q2_k<NW, TR, ST, NG, MMA, PFD, STG, false, QH, NB, SPL>,
                   grid, NG * NW * 32, smem, 0, pdl, tab, (const uint8_t *)io->ximg, io->dim,
                   io->inter, 10.0f, s);
     if (rc != cudaSuccess || QH) return rc;
@@ -721,6 +739,21 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
             break;
         case G_T4x2_8_4_QH3:
             rc = gt_launch<4, 8, 4, 2, false, false, true, 3>(io, tab, s, n_sm, V.pdl);
+            break;
+        case G_T4x2_8_4_QH3X:
+            rc = io->dim == 5120
+                     ? gt_launch<4, 8, 4, 2, false, false, true, 3, 20, true>(io, tab, s, n_sm,
+                                                                              V.pdl)
+                     : gt_launch<4, 8, 4, 2, false, false, true, 3, 0, true>(io, tab, s, n_sm,
+                                                                             V.pdl);
+            break;
+        case G_T4x2_8_4_QH3N:
+            rc = io->dim == 5120
+                     ? gt_launch<4, 8, 4, 2, false, false, true, 3, 20>(io, tab, s, n_sm, V.pdl)
+                     : cudaErrorInvalidValue;
+            break;
+        case G_T4x2_8_4_QH3S:
+            rc = gt_launch<4, 8, 4, 2, false, false, true, 3, 0, true>(io, tab, s, n_sm, V.pdl);
             break;
         case G_T4x2_8_4_QH4:
             rc = gt_launch<4, 8, 4, 2, false, false, true, 4>(io, tab, s, n_sm, V.pdl);
