@@ -48,8 +48,7 @@
 #define GT_NBX 20 /* the bulk-copy gate/ups' blocks a row at dim 5120 (a constant; 0: none) */
 #endif
 #ifndef GT_SPL
-#define GT_SPL                                                                                     \
-    1 /* their stages in the split layout (SL_GU_SPLIT_GAP; 0: a stage's rows together) */
+#define GT_SPL 1 /* their stages split (SL_GU_SPLIT_GAP; 0: a stage's rows together) */
 #endif
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */

@@ -946,11 +946,12 @@ __host__ __device__ inline uint32_t k_gut_stage(uint32_t dim, int tr)
 }
 
 /* The split stage layout (SPL): the ST stages' gate tiles, then this gap, then their up
- * tiles, so that a stage's up tile starts 64 bytes past a multiple of 128 from its gate
- * tile (ST TR rows are 2688 nb bytes, 21 nb lines of 128). At dim 5120 a gate row and
- * the up row of the same lanes then fall in other banks: in one stage of TR rows each
- * (13440 bytes, 105 lines) they fall in the same, and every weight load of the unit is a
- * 2-way conflict (k_gateup_dp4a_unit's lanes). */
+ * tiles, so that a stage's up tile starts ST TR rb + 64 bytes from its gate tile: 64 past
+ * a multiple of 128 whenever ST TR is a multiple of 32 (compute/'s ST 4, TR 8: 2688 nb
+ * bytes, 21 nb lines). At dim 5120 a gate row and the up row of the same lanes then fall
+ * in other banks: in one stage of TR rows each (13440 bytes, 105 lines) they fall in the
+ * same, and every weight load of the unit is a 2-way conflict (k_gateup_dp4a_unit's
+ * lanes). */
 #define SL_GU_SPLIT_GAP 64
 
 /* Queues TR rows of gate and TR of up of expert x from row r0 (rb bytes a row) into the
