@@ -954,6 +954,10 @@ __host__ __device__ inline uint32_t k_gut_stage(uint32_t dim, int tr)
  * lanes). */
 #define SL_GU_SPLIT_GAP 64
 
+#ifndef SL_GU_OWN_REFILL
+#define SL_GU_OWN_REFILL 0 /* k_gateup_tma_body's OWN (1: built and tested, not yet measured) */
+#endif
+
 /* Queues TR rows of gate and TR of up of expert x from row r0 (rb bytes a row) into the
  * stage at dst (gate) and dst + upoff (up), gate's first, completing on b. */
 template <int TR, typename X>
@@ -1339,6 +1343,20 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
                 k_group_bar<NW>(grp);
             else
                 __syncthreads();
+            /* QH 4 (OWN): each group's warp 0 queues its own stage's refill once group 0's
+             * warp 0 has read the group's h from it (named barrier 1 + NG), so that no
+             * thread waits in cp.async.bulk for two groups' copies */
+            constexpr bool OWN = SL_GU_OWN_REFILL && QH == 4 && NG > 1;
+            auto refill = [&](uint32_t n) {
+                k_fence_proxy();
+                const unsigned long long q0 = STAMP && rec ? k_globaltimer() : 0;
+                for (uint32_t gg = 0; gg < n; gg++) issue(k + gg + ST);
+                if (STAMP && rec) k_stamp_add(rec, q0);
+            };
+            if (OWN && warp == 0 && grp > 0) {
+                asm volatile("bar.sync %0, %1;\n" ::"r"(1 + NG), "r"(32 * NG) : "memory");
+                if (lane == 0) refill(1);
+            }
             if (warp == 0 && (QH == 3 || grp == 0)) {
                 const uint32_t uu = (uint32_t)lane / TR; /* the chunk's unit of row lane */
                 const float v =
@@ -1346,12 +1364,11 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
                                                  gs))[uu % PG * TR +
                                                       lane % TR]; /* QH 4: group uu / PG's stage */
                 __syncwarp();
-                if (lane == 0) {
-                    k_fence_proxy();
-                    const unsigned long long q0 = STAMP && rec ? k_globaltimer() : 0;
-                    for (uint32_t gg = 0; gg < (QH == 4 ? NG : 1); gg++) issue(k + gg + ST);
-                    if (STAMP && rec) k_stamp_add(rec, q0);
+                if (OWN) {
+                    __threadfence_block(); /* v's loads performed before the others queue */
+                    asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + NG), "r"(32 * NG) : "memory");
                 }
+                if (lane == 0) refill(QH == 4 && !OWN ? NG : 1);
                 k_quant_h_group(s, (uint32_t)ex.slot * (inter / 32) + (r0 - (PG - 1) * TR) / 32, v,
                                 lane);
             }
