@@ -14,6 +14,14 @@ build=$1
 out=$2
 shift 2
 export LD_LIBRARY_PATH="$PWD/$build/devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for v in "$@"; do # every arm before any runs: a missing one would waste the call
+    b=$build/ab/bench-moe-$v
+    [ "$v" = new ] && b=$build/bin/bench-moe
+    if [ ! -x "$b" ]; then
+        echo "ab-quick.sh: no $b (bench/ab-arm.sh builds an arm)" >&2
+        exit 2
+    fi
+done
 for i in 1 2; do
     for v in "$@"; do
         b=$build/ab/bench-moe-$v
