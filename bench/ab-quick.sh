@@ -14,9 +14,11 @@ build=$1
 out=$2
 shift 2
 export LD_LIBRARY_PATH="$PWD/$build/devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+arm_bin() { # NAME's bench-moe
+    if [ "$1" = new ]; then echo "$build/bin/bench-moe"; else echo "$build/ab/bench-moe-$1"; fi
+}
 for v in "$@"; do # every arm before any runs: a missing one would waste the call
-    b=$build/ab/bench-moe-$v
-    [ "$v" = new ] && b=$build/bin/bench-moe
+    b=$(arm_bin "$v")
     if [ ! -x "$b" ]; then
         echo "ab-quick.sh: no $b (bench/ab-arm.sh builds an arm)" >&2
         exit 2
@@ -24,8 +26,7 @@ for v in "$@"; do # every arm before any runs: a missing one would waste the cal
 done
 for i in 1 2; do
     for v in "$@"; do
-        b=$build/ab/bench-moe-$v
-        [ "$v" = new ] && b=$build/bin/bench-moe
+        b=$(arm_bin "$v")
         f=$out/q-$v-$i.md
         "$b" --quick -o "$f" >"$out/q-$v-$i.log" 2>&1 || echo "$v run $i: bench-moe failed (its log: $out/q-$v-$i.log)"
         printf '%s %s:' "$v" "$i"
