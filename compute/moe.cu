@@ -332,9 +332,8 @@ static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const 
         if (rc != cudaSuccess) return rc;
         const int qh = gt_qh_for(c, tab.n);
         const uint32_t grid = gt_grid(c, (uint32_t)tab.n * (inter / GT_TR), c->gt_occ, qh);
-        rc = k_launch(gt_kernel(c->gt_stg, s.stamps != NULL, qh, c->shape.dim), grid,
-                      GT_NG * GT_NW * 32, gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img, dim,
-                      inter, limit, s);
+        rc = k_launch(gt_kernel(c->gt_stg, s.stamps != NULL, qh, dim), grid, GT_NG * GT_NW * 32,
+                      gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img, dim, inter, limit, s);
         if (rc == cudaSuccess && wrote_qh) *wrote_qh = qh != 0;
         return rc;
     }

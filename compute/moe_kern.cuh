@@ -1114,11 +1114,7 @@ __device__ __forceinline__ void k_quant_h_last(const sl_kscratch &s, int slot, u
 }
 
 /* The device-table gate/up's copy of a table written in device memory (the selection's
- * untagged form): whole, or the gate/up's part of each entry. */
-__device__ __forceinline__ void k_tab_take(sl_ktab &dst, const sl_ktab &src)
-{
-    dst = src;
-}
+ * untagged form): the gate/up's part of each entry. */
 __device__ __forceinline__ void k_tab_take(sl_kgutab &dst, const sl_ktab &src)
 {
     dst.n = src.n;
@@ -1233,7 +1229,7 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
         unit, !ttab);
     /* ... which waits for k_quant_x_img (or the router, or the selection; with ttab,
      * the selection's table is waited for here and its grid at the end) */
-    if (DEV) {
+    if constexpr (DEV) { /* (the host-table forms' sl_ktab never takes a table) */
         static_assert(SL_KTT_WORDS <= 32, "warp 0 reads the tagged table, a word a lane");
         static_assert(!(DEV && PFD), "the tagged table carries no down pointers to prefetch");
         if (STAMP && s.stamps) { /* when x lands, not bounded by the table's read */
