@@ -784,6 +784,27 @@ __device__ __forceinline__ void k_bulk(void *dst, const void *src, uint32_t byte
         : "memory");
 }
 
+#ifndef SL_BULK_EF
+#define SL_BULK_EF 3 /* bit 0: the gate/up's weight copies evict-first in L2, bit 1: the down's */
+#endif
+
+/* k_bulk for weights, read once a token: with EF, an L2 evict-first hint, so that the
+ * streamed tiles leave L2's other lines (h, x, the residual stream) where they are. */
+template <bool EF>
+__device__ __forceinline__ void k_bulk_w(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    if constexpr (EF) {
+        uint64_t pol;
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                     ".L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(k_sa(dst)),
+                     "l"(src), "r"(bytes), "r"(k_sa(bar)), "l"(pol)
+                     : "memory");
+    } else {
+        k_bulk(dst, src, bytes, bar);
+    }
+}
+
 /* Asks L2 to fetch bytes (a multiple of 16) at p (16-byte aligned) from global memory,
  * nothing waiting for them. */
 __device__ __forceinline__ void k_prefetch_l2(const void *p, uint32_t bytes)
@@ -954,10 +975,6 @@ __host__ __device__ inline uint32_t k_gut_stage(uint32_t dim, int tr)
  * lanes). */
 #define SL_GU_SPLIT_GAP 64
 
-#ifndef SL_GU_OWN_REFILL
-#define SL_GU_OWN_REFILL 0 /* k_gateup_tma_body's OWN (1: built and tested, not yet measured) */
-#endif
-
 /* Queues TR rows of gate and TR of up of expert x from row r0 (rb bytes a row) into the
  * stage at dst (gate) and dst + upoff (up), gate's first, completing on b. */
 template <int TR, typename X>
@@ -965,8 +982,8 @@ __device__ __forceinline__ void k_issue_gu_rows(uint8_t *dst, uint64_t *b, const
                                                 uint32_t rb, uint32_t upoff)
 {
     k_mbar_expect(b, 2 * TR * rb);
-    k_bulk(dst, x.gate + (size_t)r0 * rb, TR * rb, b);
-    k_bulk(dst + upoff, x.up + (size_t)r0 * rb, TR * rb, b);
+    k_bulk_w<(SL_BULK_EF & 1) != 0>(dst, x.gate + (size_t)r0 * rb, TR * rb, b);
+    k_bulk_w<(SL_BULK_EF & 1) != 0>(dst + upoff, x.up + (size_t)r0 * rb, TR * rb, b);
 }
 
 /* The start of a gate/up pipeline (k_pipe_start over nbar barriers): without DEV,
@@ -1339,20 +1356,6 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
                 k_group_bar<NW>(grp);
             else
                 __syncthreads();
-            /* QH 4 (OWN): each group's warp 0 queues its own stage's refill once group 0's
-             * warp 0 has read the group's h from it (named barrier 1 + NG), so that no
-             * thread waits in cp.async.bulk for two groups' copies */
-            constexpr bool OWN = SL_GU_OWN_REFILL && QH == 4 && NG > 1;
-            auto refill = [&](uint32_t n) {
-                k_fence_proxy();
-                const unsigned long long q0 = STAMP && rec ? k_globaltimer() : 0;
-                for (uint32_t gg = 0; gg < n; gg++) issue(k + gg + ST);
-                if (STAMP && rec) k_stamp_add(rec, q0);
-            };
-            if (OWN && warp == 0 && grp > 0) {
-                asm volatile("bar.sync %0, %1;\n" ::"r"(1 + NG), "r"(32 * NG) : "memory");
-                if (lane == 0) refill(1);
-            }
             if (warp == 0 && (QH == 3 || grp == 0)) {
                 const uint32_t uu = (uint32_t)lane / TR; /* the chunk's unit of row lane */
                 const float v =
@@ -1360,11 +1363,12 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
                                                  gs))[uu % PG * TR +
                                                       lane % TR]; /* QH 4: group uu / PG's stage */
                 __syncwarp();
-                if (OWN) {
-                    __threadfence_block(); /* v's loads performed before the others queue */
-                    asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + NG), "r"(32 * NG) : "memory");
+                if (lane == 0) {
+                    k_fence_proxy();
+                    const unsigned long long q0 = STAMP && rec ? k_globaltimer() : 0;
+                    for (uint32_t gg = 0; gg < (QH == 4 ? NG : 1); gg++) issue(k + gg + ST);
+                    if (STAMP && rec) k_stamp_add(rec, q0);
                 }
-                if (lane == 0) refill(QH == 4 && !OWN ? NG : 1);
                 k_quant_h_group(s, (uint32_t)ex.slot * (inter / 32) + (r0 - (PG - 1) * TR) / 32, v,
                                 lane);
             }
@@ -1808,7 +1812,8 @@ k_down_pt_body(const sl_ktab &tab, const int8_t *__restrict__ hq, const float *_
         const uint32_t bytes = (off + TD * rb + 15) / 16 * 16;
         uint64_t *b = &bar[k % ST][x];
         k_mbar_expect(b, bytes);
-        k_bulk(stage + ((size_t)(k % ST) * n + x) * cap, tab.e[x].down + at - off, bytes, b);
+        k_bulk_w<(SL_BULK_EF & 2) != 0>(stage + ((size_t)(k % ST) * n + x) * cap,
+                                        tab.e[x].down + at - off, bytes, b);
     };
     auto issue = [&](uint32_t k) {
         for (int x = 0; x < n; x++) issue_one(k, x);
@@ -2266,8 +2271,9 @@ __global__ void __launch_bounds__(NW * 32)
     if (NORM) {
         k_norm_w<NE>(nm, dim, wv);
         /* L2 asked for the residual stream now, a hint: written a layer ago (and read
-         * past the wait through L2 whatever this fetched), it is usually out of L2 by
-         * now, after a layer's weights went through */
+         * past the wait through L2 whatever this fetched); since the weights' copies
+         * are evict-first (SL_BULK_EF) it is usually still there, and the layer measured
+         * the same without the hint (session 26) */
         if (threadIdx.x == 0) {
             const uint32_t b = dim * 2, lo = b * blockIdx.x / gridDim.x & ~15u,
                            hi = b * (blockIdx.x + 1) / gridDim.x & ~15u;
