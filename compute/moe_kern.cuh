@@ -2271,9 +2271,9 @@ __global__ void __launch_bounds__(NW * 32)
     if (NORM) {
         k_norm_w<NE>(nm, dim, wv);
         /* L2 asked for the residual stream now, a hint: written a layer ago (and read
-         * past the wait through L2 whatever this fetched); since the weights' copies
-         * are evict-first (SL_BULK_EF) it is usually still there, and the layer measured
-         * the same without the hint (session 26) */
+         * past the wait through L2 whatever this fetched); with the weights' copies
+         * evict-first (SL_BULK_EF) it may still be there, and the layer measured the
+         * same without the hint (session 26) */
         if (threadIdx.x == 0) {
             const uint32_t b = dim * 2, lo = b * blockIdx.x / gridDim.x & ~15u,
                            hi = b * (blockIdx.x + 1) / gridDim.x & ~15u;
