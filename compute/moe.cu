@@ -50,6 +50,10 @@
 #ifndef GT_SPL
 #define GT_SPL 1 /* their stages split (SL_GU_SPLIT_GAP; 0: a stage's rows together) */
 #endif
+#ifdef SL_GT_ST /* an experiment's arm: the bulk-copy gate/ups' stages a CTA */
+#undef GT_ST
+#define GT_ST SL_GT_ST
+#endif
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
@@ -596,6 +600,9 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
                         o >= 1;
             if (o < c->gtd_occ) c->gtd_occ = o;
         }
+#ifdef SL_GTD_OCC /* an experiment's arm: at most this many CTAs an SM */
+        if (c->gtd_occ > SL_GTD_OCC) c->gtd_occ = SL_GTD_OCC;
+#endif
         (void)cudaGetLastError();
     }
     if (c->gu_occ < 1 || occ < 1)

@@ -57,7 +57,9 @@ int mb_read_ceiling(const void *buf, size_t bytes, int iters, double *gbps, char
  * gate_bytes, down of down_bytes), one launch per token, rotating the sets. form 0: the
  * int4 grid-stride loop over the token's bytes as one range (two 64-bit divisions a
  * load); 1: the same loads expert by expert, six a thread in flight, no division; 2: bulk
- * copies into shared memory (2 CTAs an SM, 6 copies of 16 KB each in flight). */
+ * copies into shared memory (2 CTAs an SM, 6 copies of 16 KB each in flight); 3: form 2
+ * launched with PDL (a launch's copies start when the one before ends); 4: form 3 with the
+ * weights' L2 evict-first hint. */
 int mb_read_sets(const mb_set *sets, int nsets, int n, size_t gate_bytes, size_t down_bytes,
                  int iters, int form, double *gbps, char *msg);
 

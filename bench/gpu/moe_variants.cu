@@ -132,14 +132,21 @@ __global__ void k_read_set_flat(const __grid_constant__ mb_set set, int n, size_
  * RD_B pieces, dealt to the CTAs in turn), nothing reading them. */
 #define RD_ST 6
 #define RD_B  16384u
+/* PDL (forms 3, 4): launched with programmatic stream serialization, each CTA enters
+ * while the launch before drains and starts its copies the moment that one's grid has
+ * ended, as the GEMVs' launches do (their rows are timed back to back with PDL too);
+ * EF (form 4): the copies carry the weights' L2 evict-first hint (k_bulk_w). */
+template <bool PDL, bool EF>
 __global__ void __launch_bounds__(32)
     k_read_set_bulk(const __grid_constant__ mb_set set, int n, size_t gbytes, size_t dbytes)
 {
     extern __shared__ int4 k_smem[];
     uint64_t *bar = (uint64_t *)((uint8_t *)k_smem + RD_ST * RD_B);
+    if (PDL) k_pdl_go();
     if (threadIdx.x != 0) return;
     for (int k = 0; k < RD_ST; k++) k_mbar_init(bar + k, 1);
     k_mbar_fence_init();
+    if (PDL) k_pdl_wait();
     uint32_t q = 0;    /* copies queued */
     uint32_t seen = 0; /* pieces dealt before this tensor */
     for (int t = 0; t < 3 * n; t++) {
@@ -156,7 +163,8 @@ __global__ void __launch_bounds__(32)
             const uint32_t st = q % RD_ST;
             if (q >= RD_ST) k_mbar_wait(bar + st, (q / RD_ST - 1) & 1);
             k_mbar_expect(bar + st, len);
-            k_bulk((uint8_t *)k_smem + (size_t)st * RD_B, p + (size_t)k * RD_B, len, bar + st);
+            k_bulk_w<EF>((uint8_t *)k_smem + (size_t)st * RD_B, p + (size_t)k * RD_B, len,
+                         bar + st);
             q++;
         }
         seen += pieces;
@@ -173,16 +181,18 @@ extern "C" int mb_read_sets(const mb_set *sets, int nsets, int n, size_t gate_by
     int *sink;
     CKB(cudaMalloc(&sink, 4));
     const size_t cg = gate_bytes / 16, cd = down_bytes / 16, bsm = RD_ST * RD_B + 8 * RD_ST;
-    if (form == 2)
-        CKB(cudaFuncSetAttribute(k_read_set_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)bsm));
+    auto bulk = form == 2   ? k_read_set_bulk<false, false>
+                : form == 3 ? k_read_set_bulk<true, false>
+                            : k_read_set_bulk<true, true>;
+    if (form >= 2)
+        CKB(cudaFuncSetAttribute(bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bsm));
     auto launch = [&](const mb_set &set) {
         if (form == 0)
             k_read_set<<<n_sm * 8, 256>>>(set, n, cg, cd, sink);
         else if (form == 1)
             k_read_set_flat<<<n_sm * 8, 256>>>(set, n, cg, cd, sink);
         else
-            k_read_set_bulk<<<n_sm * 2, 32, bsm>>>(set, n, gate_bytes, down_bytes);
+            return k_launch(bulk, n_sm * 2, 32, bsm, 0, form >= 3, set, n, gate_bytes, down_bytes);
         return cudaGetLastError();
     };
     CKB(launch(sets[0]));
