@@ -54,6 +54,10 @@
 #undef GT_ST
 #define GT_ST SL_GT_ST
 #endif
+#ifdef SL_GTD_QH /* an experiment's arm: the device-table gate/up's form of h's q8_1 */
+#undef GTD_QH
+#define GTD_QH SL_GTD_QH
+#endif
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif

@@ -784,6 +784,10 @@ __device__ __forceinline__ void k_bulk(void *dst, const void *src, uint32_t byte
         : "memory");
 }
 
+#ifndef SL_GT_MINB /* the bulk-copy gate/ups built for one width: CTAs an SM they ask for */
+#define SL_GT_MINB 2
+#endif
+
 #ifndef SL_BULK_EF
 #define SL_BULK_EF 3 /* bit 0: the gate/up's weight copies evict-first in L2, bit 1: the down's */
 #endif
@@ -1394,7 +1398,7 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
  * them (no counters). */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
           bool STAMP = false, int QH = 0, int NB = 0, bool SPL = false>
-__global__ void __launch_bounds__(NG *NW * 32, NB ? 2 : 1)
+__global__ void __launch_bounds__(NG *NW * 32, NB ? SL_GT_MINB : 1)
     k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                       uint32_t dim, uint32_t inter, float limit,
                       const __grid_constant__ sl_kscratch s)
@@ -1412,7 +1416,7 @@ __global__ void __launch_bounds__(NG *NW * 32, NB ? 2 : 1)
  * restrict: the read-only path may hold an older layer's table. */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
           bool STAMP = false, int QH = 0, int NB = 0, bool SPL = false>
-__global__ void __launch_bounds__(NG *NW * 32, NB ? 2 : 1)
+__global__ void __launch_bounds__(NG *NW * 32, NB ? SL_GT_MINB : 1)
     k_gateup_tma_dev_q2_k(const sl_ktab *tabp, const uint8_t *__restrict__ ximg, uint32_t dim,
                           uint32_t inter, float limit, const __grid_constant__ sl_kscratch s,
                           const __grid_constant__ sl_kexp sh, int sh_first, const sl_kttab *ttab,
