@@ -304,7 +304,8 @@ static void stamp_dump(const unsigned long long *st, unsigned long long t0, cons
  * or after the start) and the time each took once landed. */
 typedef struct sm_sum {
     double end, start, wait, comp;
-    int units;
+    int units; /* units with both stamps (at most MB_ST_UNITS a record) */
+    int work;  /* units its records ran (rec_units), every one counted */
 } sm_sum;
 
 static int cmp_sm_end(const void *a, const void *b)
@@ -323,6 +324,35 @@ static void sm_fifth(const sm_sum *sm, int a, int b, double out[3])
     out[0] = u ? w / u : 0, out[1] = u ? c / u : 0, out[2] = b > a ? s / (b - a) : 0;
 }
 
+/* The SMs (sorted by end) grouped by the units they ran, as one line: how many SMs ran
+ * each count and when they ended. Which CTAs share an SM is the hardware's choice, made
+ * anew at each launch, so the units an SM runs differ when the CTAs' counts do. */
+static void stamp_by_work(const sm_sum *sm, int n)
+{
+    int works[64], nw = 0;
+    for (int i = 0; i < n; i++) {
+        int k = 0;
+        while (k < nw && works[k] != sm[i].work) k++;
+        if (k == nw && nw < 64) works[nw++] = sm[i].work;
+    }
+    for (int a = 1; a < nw; a++) /* increasing counts */
+        for (int b = a; b > 0 && works[b - 1] > works[b]; b--) {
+            const int t = works[b];
+            works[b] = works[b - 1];
+            works[b - 1] = t;
+        }
+    say("By the units an SM ran (its records' units, the shared expert's too):");
+    for (int k = 0; k < nw; k++) {
+        static double e[1024];
+        int m = 0;
+        for (int i = 0; i < n; i++) /* sm is sorted by end: so is e */
+            if (sm[i].work == works[k]) e[m++] = sm[i].end;
+        say(" %s%d units on %d SMs, last ends first %.2f, median %.2f, last %.2f us", k ? "; " : "",
+            works[k], m, e[0], e[m / 2], e[m - 1]);
+    }
+    say(".\n\n");
+}
+
 /* Where a launch's spread of ends comes from: its records grouped by SM (k_stamp_end's
  * %smid), the fifth of the SMs that ended last against the fifth that ended first. */
 static void stamp_by_sm(const unsigned long long *st, unsigned long long t0)
@@ -335,8 +365,9 @@ static void stamp_by_sm(const unsigned long long *st, unsigned long long t0)
         const unsigned long long *s = st + (size_t)r * MB_ST_SLOTS;
         const unsigned id = rec_sm(s), units = rec_units(s);
         if (!s[30] || !s[1] || id >= 1024) continue;
-        if (!seen[id]) seen[id] = ++n, sm[n - 1] = (sm_sum){0, 1e30, 0, 0, 0};
+        if (!seen[id]) seen[id] = ++n, sm[n - 1] = (sm_sum){0, 1e30, 0, 0, 0, 0};
         sm_sum *m = &sm[seen[id] - 1];
+        m->work += (int)units;
         const double end = us_after(s[30], t0), start = us_after(s[1], t0);
         if (end > m->end) m->end = end;
         if (start < m->start) m->start = start;
@@ -360,6 +391,7 @@ static void stamp_by_sm(const unsigned long long *st, unsigned long long t0)
         "against %.2f us for its bytes and took %.2f against %.2f us once landed; the SM's "
         "first group started at %.2f against %.2f us.\n\n",
         n, sm[0].end, sm[n / 2].end, sm[n - 1].end, hi[0], lo[0], hi[1], lo[1], hi[2], lo[2]);
+    stamp_by_work(sm, n);
 }
 
 /* The milestones of a weight-streaming kernel's last launch (k_stamp's records, a CTA's
