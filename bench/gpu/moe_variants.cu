@@ -244,7 +244,7 @@ enum {
     G_FUSED_8AH, /* one expert's downs a CTA, a helper warp a group publishes */
     G_FUSED_4AH
 };
-enum {
+enum dn_form {
     D_RUN4,
     D_T2_8,
     D_T8_8,
@@ -915,14 +915,45 @@ static cudaError_t fl_one(int v, const mb_layer *L, int it, int n_sm)
     }
 }
 
+/* Every down form named, no default: a new form that is not placed here is a compile
+ * error (-Wswitch), not a run on bytes of another layout (session 28). */
 extern "C" int mb_variant_packed(int v)
 {
-    const int d = variants[v].dn;
-    if (d == D_TB1 || d == D_TB2 || d == D_TB3) return 1;
-    return d == D_P4_8_2_2_PK || d == D_P4_8_2_2_PK2 || d == D_P4_8_2_2_PK2S || d == D_RING3_2 ||
-                   d == D_RING2_3 || d == D_RING1_4 || d == D_PK_R72U2 || d == D_PK_R72U3
-               ? 2
-               : 0;
+    switch ((dn_form)variants[v].dn) {
+    case D_TB1:
+    case D_TB2:
+    case D_TB3:
+        return 1;
+    case D_P4_8_2_2_PK:
+    case D_P4_8_2_2_PK2:
+    case D_P4_8_2_2_PK2S:
+    case D_RING3_2:
+    case D_RING2_3:
+    case D_RING1_4:
+    case D_PK_R72U2:
+    case D_PK_R72U3:
+        return 2;
+    case D_RUN4:
+    case D_T2_8:
+    case D_T8_8:
+    case D_T8_16:
+    case D_P8_4_2_1:
+    case D_P8_4_3_1:
+    case D_P8_4_4_2:
+    case D_P8_4_2_2:
+    case D_P8_8_2_1:
+    case D_P4_8_2_1:
+    case D_P4_8_3_1:
+    case D_P4_8_4_2:
+    case D_P8_4_1_1:
+    case D_P4_8_2_2:
+    case D_P4_8_2_2L:
+    case D_P4_8_1_1:
+    case D_M2_16_1_1:
+    case D_FUSED:
+        return 0;
+    }
+    return 0;
 }
 
 extern "C" int mb_variant_fused(int v)
