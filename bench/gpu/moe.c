@@ -324,31 +324,28 @@ static void sm_fifth(const sm_sum *sm, int a, int b, double out[3])
     out[0] = u ? w / u : 0, out[1] = u ? c / u : 0, out[2] = b > a ? s / (b - a) : 0;
 }
 
-/* The SMs (sorted by end) grouped by the units they ran, as one line: how many SMs ran
- * each count and when they ended. Which CTAs share an SM is the hardware's choice, made
- * anew at each launch, so the units an SM runs differ when the CTAs' counts do. */
+/* Fewer units first, then earlier ends first. */
+static int cmp_sm_work(const void *a, const void *b)
+{
+    const sm_sum *x = a, *y = b;
+    if (x->work != y->work) return (x->work > y->work) - (x->work < y->work);
+    return cmp_sm_end(a, b);
+}
+
+/* The SMs grouped by the units they ran, as one line: how many SMs ran each count and
+ * when they ended. Which CTAs share an SM is the hardware's choice, made anew at each
+ * launch, so the units an SM runs differ when the CTAs' counts do. */
 static void stamp_by_work(const sm_sum *sm, int n)
 {
-    int works[64], nw = 0;
-    for (int i = 0; i < n; i++) {
-        int k = 0;
-        while (k < nw && works[k] != sm[i].work) k++;
-        if (k == nw && nw < 64) works[nw++] = sm[i].work;
-    }
-    for (int a = 1; a < nw; a++) /* increasing counts */
-        for (int b = a; b > 0 && works[b - 1] > works[b]; b--) {
-            const int t = works[b];
-            works[b] = works[b - 1];
-            works[b - 1] = t;
-        }
+    static sm_sum by[1024];
+    memcpy(by, sm, sizeof *sm * (size_t)n);
+    qsort(by, n, sizeof *by, cmp_sm_work);
     say("By the units an SM ran (its records' units, the shared expert's too):");
-    for (int k = 0; k < nw; k++) {
-        static double e[1024];
-        int m = 0;
-        for (int i = 0; i < n; i++) /* sm is sorted by end: so is e */
-            if (sm[i].work == works[k]) e[m++] = sm[i].end;
-        say(" %s%d units on %d SMs, last ends first %.2f, median %.2f, last %.2f us", k ? "; " : "",
-            works[k], m, e[0], e[m / 2], e[m - 1]);
+    for (int a = 0, b; a < n; a = b) { /* [a, b): one count, by end */
+        for (b = a + 1; b < n && by[b].work == by[a].work; b++) {
+        }
+        say(" %s%d units on %d SMs, last ends first %.2f, median %.2f, last %.2f us", a ? "; " : "",
+            by[a].work, b - a, by[a].end, by[a + (b - a) / 2].end, by[b - 1].end);
     }
     say(".\n\n");
 }
