@@ -5,7 +5,9 @@
  * long a table of tagged words takes from its writer to many polling CTAs (the
  * selection's handoff to the gate/up's 264 CTAs, lb_handoff); then the first wave of
  * bulk copies when every CTA asks for its first stages at once (lb_wave: the wait for
- * the first bytes and the queueing thread's stall, by the bytes asked).
+ * the first bytes and the queueing thread's stall, by the bytes asked); then each SM's
+ * share of a plain-load read by every SM at once (lb_smread: how far apart the SMs end,
+ * and whether the same SMs are slow launch after launch).
  *
  * usage: bench-launch [-o FILE.md] [--n N (2000)]
  */
@@ -137,6 +139,120 @@ static int wave_table(FILE *md)
     return rc;
 }
 
+/* Ranks of v[n] into r (0 = the least; ties in index order). */
+static void ranks(const double *v, int n, double *r, int *idx)
+{
+    for (int i = 0; i < n; i++) idx[i] = i;
+    for (int i = 1; i < n; i++) { /* insertion sort of the indexes by value: n is ~132 */
+        const int k = idx[i];
+        int j = i - 1;
+        for (; j >= 0 && v[idx[j]] > v[k]; j--) idx[j + 1] = idx[j];
+        idx[j + 1] = k;
+    }
+    for (int i = 0; i < n; i++) r[idx[i]] = i;
+}
+
+/* Spearman's rank correlation of a[n] and b[n] (the Pearson correlation of their ranks). */
+static double spearman(const double *a, const double *b, int n, double *ra, double *rb, int *idx)
+{
+    ranks(a, n, ra, idx);
+    ranks(b, n, rb, idx);
+    const double m = (n - 1) / 2.0;
+    double sab = 0, saa = 0, sbb = 0;
+    for (int i = 0; i < n; i++) {
+        sab += (ra[i] - m) * (rb[i] - m);
+        saa += (ra[i] - m) * (ra[i] - m);
+        sbb += (rb[i] - m) * (rb[i] - m);
+    }
+    return saa > 0 && sbb > 0 ? sab / sqrt(saa * sbb) : 0;
+}
+
+/* Each SM's share of a plain-load read by every SM at once (lb_smread), for the per-SM
+ * bytes of one token's 6-expert gate/up (352 KB), of the layer's 7-expert gate/up (408
+ * KB) and a larger read: the SMs' ends within a launch, and the rank correlation of the
+ * SMs' read times between every two launches (near 0: which SMs are slow changes from
+ * launch to launch; near 1: the same SMs are slow). */
+static int smread_table(FILE *md)
+{
+    enum { REPS = 40 };
+    static const uint32_t sizes[] = {360448, 417792, 2097152};
+    char line[640];
+    snprintf(line, sizeof line,
+             "\nEach SM's share of a plain-load read: one CTA of 1024 threads on every SM reads "
+             "its own span (bytes L2 does not hold), all SMs at once; %d launches, us on "
+             "%%globaltimer. The SMs' read time (own start to end), p10 / median / p90 / max "
+             "over SMs and launches; the median launch's median and last SM end after its first "
+             "start; GB/s: the launch's bytes over its last end (median launch); the rank "
+             "correlation of the SMs' read times between two launches, median and p90 over every "
+             "pair:\n\n| KB an SM | MB a launch | SM read time | median SM end | last SM end | "
+             "GB/s | same SMs slow? (median / p90) |\n|---|---|---|---|---|---|---|\n",
+             REPS);
+    bm_put(md, line);
+    const size_t cap = (size_t)REPS * 1024;
+    int *sm = malloc(sizeof *sm * cap), *idx = malloc(sizeof *idx * 1024);
+    double *end = malloc(sizeof *end * cap), *dur = malloc(sizeof *dur * cap);
+    double *by = malloc(sizeof *by * cap), *tmp = malloc(sizeof *tmp * cap);
+    double *ra = malloc(sizeof *ra * 1024), *rb = malloc(sizeof *rb * 1024);
+    const size_t npair = (size_t)REPS * (REPS - 1) / 2;
+    double *rho = malloc(sizeof *rho * npair);
+    int rc = !sm || !idx || !end || !dur || !by || !tmp || !ra || !rb || !rho;
+    if (rc) fprintf(stderr, "bench-launch: out of memory\n");
+    for (size_t s = 0; !rc && s < sizeof sizes / sizeof *sizes; s++) {
+        char msg[256] = "";
+        int n = 0;
+        if (lb_smread(sizes[s], REPS, cap, sm, end, dur, &n, msg)) {
+            fprintf(stderr, "bench-launch: %s\n", msg);
+            rc = 1;
+            break;
+        }
+        /* by[r * n + k]: launch r's read time of SM k (every SM has one CTA) */
+        for (size_t i = 0; i < (size_t)REPS * n; i++) {
+            const int k = sm[i];
+            if (k < 0 || k >= n) {
+                fprintf(stderr, "bench-launch: lb_smread: SM %d of %d\n", k, n);
+                rc = 1;
+                break;
+            }
+            by[i / n * n + k] = dur[i];
+        }
+        if (rc) break;
+        size_t m = 0;
+        for (int a = 0; a < REPS; a++)
+            for (int b = a + 1; b < REPS; b++)
+                rho[m++] = spearman(by + (size_t)a * n, by + (size_t)b * n, n, ra, rb, idx);
+        double med_end[REPS], last_end[REPS], gb[REPS], dq[4], mq[4], lq[4], gq[4], rq[4];
+        for (int r = 0; r < REPS; r++) {
+            memcpy(tmp, end + (size_t)r * n, sizeof *tmp * n);
+            double q[4];
+            quantiles(tmp, (size_t)n, q);
+            med_end[r] = q[1];
+            last_end[r] = q[3];
+            gb[r] = (double)n * sizes[s] / (q[3] * 1e3);
+        }
+        memcpy(tmp, dur, sizeof *tmp * (size_t)REPS * n);
+        quantiles(tmp, (size_t)REPS * n, dq);
+        quantiles(med_end, REPS, mq);
+        quantiles(last_end, REPS, lq);
+        quantiles(gb, REPS, gq);
+        quantiles(rho, npair, rq);
+        snprintf(line, sizeof line,
+                 "| %.0f | %.1f | %.2f / %.2f / %.2f / %.2f | %.2f | %.2f | %.0f | %.2f / %.2f |\n",
+                 sizes[s] / 1024.0, (double)n * sizes[s] / 1e6, dq[0], dq[1], dq[2], dq[3], mq[1],
+                 lq[1], gq[1], rq[1], rq[2]);
+        bm_put(md, line);
+    }
+    free(sm);
+    free(idx);
+    free(end);
+    free(dur);
+    free(by);
+    free(tmp);
+    free(ra);
+    free(rb);
+    free(rho);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     int n;
@@ -168,7 +284,7 @@ int main(int argc, char **argv)
                          pdl ? "yes" : "no", carve < 0 ? "driver's" : "100% shared", us);
                 bm_put(md, line);
             }
-    if (handoff_table(md) || wave_table(md)) return 1;
+    if (handoff_table(md) || wave_table(md) || smread_table(md)) return 1;
     if (md) fclose(md);
     return 0;
 }
