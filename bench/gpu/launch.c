@@ -205,11 +205,15 @@ static int smread_table(FILE *md)
             rc = 1;
             break;
         }
-        /* by[r * n + k]: launch r's read time of SM k (every SM has one CTA) */
+        /* by[r * n + k]: launch r's read time of SM k (one CTA on every SM: a CTA on an SM
+         * out of range or on one already seen in its launch is an error) */
+        for (size_t i = 0; i < (size_t)REPS * n; i++) by[i] = -1;
         for (size_t i = 0; i < (size_t)REPS * n; i++) {
             const int k = sm[i];
-            if (k < 0 || k >= n) {
-                fprintf(stderr, "bench-launch: lb_smread: SM %d of %d\n", k, n);
+            if (k < 0 || k >= n || by[i / n * n + k] >= 0) {
+                fprintf(stderr,
+                        "bench-launch: lb_smread: launch %zu: SM %d of %d twice or out of range\n",
+                        i / n, k, n);
                 rc = 1;
                 break;
             }
