@@ -6,8 +6,8 @@
  * selection's handoff to the gate/up's 264 CTAs, lb_handoff); then the first wave of
  * bulk copies when every CTA asks for its first stages at once (lb_wave: the wait for
  * the first bytes and the queueing thread's stall, by the bytes asked); then each SM's
- * share of a plain-load read by every SM at once (lb_smread: how far apart the SMs end,
- * and whether the same SMs are slow launch after launch).
+ * share of a read by every SM at once, by plain loads or bulk copies (lb_smread: how
+ * far apart the SMs end, and whether the same SMs are slow launch after launch).
  *
  * usage: bench-launch [-o FILE.md] [--n N (2000)]
  */
@@ -167,25 +167,27 @@ static double spearman(const double *a, const double *b, int n, double *ra, doub
     return saa > 0 && sbb > 0 ? sab / sqrt(saa * sbb) : 0;
 }
 
-/* Each SM's share of a plain-load read by every SM at once (lb_smread), for the per-SM
+/* Each SM's share of a read by every SM at once (lb_smread: plain loads, then bulk
+ * copies as the MoE kernels' stages are read), for the per-SM
  * bytes of one token's 6-expert gate/up (352 KB), of the layer's 7-expert gate/up (408
  * KB) and a larger read: the SMs' ends within a launch, and the rank correlation of the
  * SMs' read times between every two launches (near 0: which SMs are slow changes from
  * launch to launch; near 1: the same SMs are slow). */
 static int smread_table(FILE *md)
 {
-    enum { REPS = 40 };
-    static const uint32_t sizes[] = {360448, 417792, 2097152};
-    char line[640];
+    enum { REPS = 40, NS = 3 };
+    static const uint32_t sizes[NS] = {360448, 417792, 2097152};
+    char line[1024];
     snprintf(line, sizeof line,
-             "\nEach SM's share of a plain-load read: one CTA of 1024 threads on every SM reads "
-             "its own span (bytes L2 does not hold), all SMs at once; %d launches, us on "
+             "\nEach SM's share of a read by every SM at once: one CTA on every SM reads its own "
+             "span (bytes L2 does not hold) with plain 16-byte loads by 1024 threads, or with "
+             "bulk copies by one thread, six 32 KB stages in flight; %d launches, us on "
              "%%globaltimer. The SMs' read time (own start to end), p10 / median / p90 / max "
              "over SMs and launches; the median launch's median and last SM end after its first "
              "start; GB/s: the launch's bytes over its last end (median launch); the rank "
              "correlation of the SMs' read times between two launches, median and p90 over every "
-             "pair:\n\n| KB an SM | MB a launch | SM read time | median SM end | last SM end | "
-             "GB/s | same SMs slow? (median / p90) |\n|---|---|---|---|---|---|---|\n",
+             "pair:\n\n| read | KB an SM | MB a launch | SM read time | median SM end | last SM "
+             "end | GB/s | same SMs slow? (median / p90) |\n|---|---|---|---|---|---|---|---|\n",
              REPS);
     bm_put(md, line);
     const size_t cap = (size_t)REPS * 1024;
@@ -197,10 +199,10 @@ static int smread_table(FILE *md)
     double *rho = malloc(sizeof *rho * npair);
     int rc = !sm || !idx || !end || !dur || !by || !tmp || !ra || !rb || !rho;
     if (rc) fprintf(stderr, "bench-launch: out of memory\n");
-    for (size_t s = 0; !rc && s < sizeof sizes / sizeof *sizes; s++) {
+    for (size_t s = 0; !rc && s < 2 * NS; s++) { /* plain loads, then bulk copies */
         char msg[256] = "";
         int n = 0;
-        if (lb_smread(sizes[s], REPS, cap, sm, end, dur, &n, msg)) {
+        if (lb_smread(sizes[s % NS], s >= NS, REPS, cap, sm, end, dur, &n, msg)) {
             fprintf(stderr, "bench-launch: %s\n", msg);
             rc = 1;
             break;
@@ -231,7 +233,7 @@ static int smread_table(FILE *md)
             quantiles(tmp, (size_t)n, q);
             med_end[r] = q[1];
             last_end[r] = q[3];
-            gb[r] = (double)n * sizes[s] / (q[3] * 1e3);
+            gb[r] = (double)n * sizes[s % NS] / (q[3] * 1e3);
         }
         memcpy(tmp, dur, sizeof *tmp * (size_t)REPS * n);
         quantiles(tmp, (size_t)REPS * n, dq);
@@ -239,10 +241,13 @@ static int smread_table(FILE *md)
         quantiles(last_end, REPS, lq);
         quantiles(gb, REPS, gq);
         quantiles(rho, npair, rq);
-        snprintf(line, sizeof line,
-                 "| %.0f | %.1f | %.2f / %.2f / %.2f / %.2f | %.2f | %.2f | %.0f | %.2f / %.2f |\n",
-                 sizes[s] / 1024.0, (double)n * sizes[s] / 1e6, dq[0], dq[1], dq[2], dq[3], mq[1],
-                 lq[1], gq[1], rq[1], rq[2]);
+        snprintf(
+            line, sizeof line,
+            "| %s | %.0f | %.1f | %.2f / %.2f / %.2f / %.2f | %.2f | %.2f | %.0f | %.2f / %.2f "
+            "|\n",
+            s >= NS ? "bulk copies" : "loads", sizes[s % NS] / 1024.0,
+            (double)n * sizes[s % NS] / 1e6, dq[0], dq[1], dq[2], dq[3], mq[1], lq[1], gq[1], rq[1],
+            rq[2]);
         bm_put(md, line);
     }
     free(sm);

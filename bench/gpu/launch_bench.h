@@ -43,13 +43,14 @@ int lb_handoff(int n_poll, int words, int sleep_ns, int ncopy, int reps, double 
 int lb_wave(int per_sm, int ncopy, uint32_t bytes, int first, int reps, size_t cap, double *q,
             double *f, double *a, double *gbps, int *ctas, char *msg);
 
-/* Each SM's share of a plain-load read (launch_smread.cu): one CTA of 1024 threads on
- * every SM reads `bytes` of its own span (bytes L2 does not hold) with 16-byte loads, all
- * at once; reps launches. For launch r and CTA c, at [r * *n_sm + c] of the caller's
- * arrays (cap entries): sm, its SM; end, us from the launch's first start to its end;
- * dur, us from its own start to its end. */
-int lb_smread(uint32_t bytes, int reps, size_t cap, int *sm, double *end, double *dur, int *n_sm,
-              char *msg);
+/* Each SM's share of a read by every SM at once (launch_smread.cu): one CTA on every SM
+ * reads `bytes` (a multiple of 16) of its own span (bytes L2 does not hold) with 16-byte
+ * loads by 1024 threads (bulk 0) or with bulk copies, six 32 KB stages in flight (bulk
+ * 1); reps launches. For launch r and CTA c, at [r * *n_sm + c] of the caller's arrays
+ * (cap entries): sm, its SM; end, us from the launch's first start to its end; dur, us
+ * from its own start to its end. */
+int lb_smread(uint32_t bytes, int bulk, int reps, size_t cap, int *sm, double *end, double *dur,
+              int *n_sm, char *msg);
 
 #ifdef __cplusplus
 }

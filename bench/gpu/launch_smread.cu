@@ -1,5 +1,7 @@
 /* launch_smread.cu - bench-launch's per-SM read: one CTA on every SM reads its own span
- * of device memory with plain 16-byte loads, all SMs at once, and notes on %globaltimer
+ * of device memory, all SMs at once, with plain 16-byte loads (1024 threads) or with bulk
+ * copies into a ring of shared memory (one thread, as the MoE kernels' stages are
+ * queued), and notes on %globaltimer
  * when it started and ended. What it shows: whether the memory system serves every SM
  * alike when all ask at once (the spread of the SMs' ends within a launch), and whether
  * the same SMs are the slow ones launch after launch (so that a static order could give
@@ -48,10 +50,43 @@ __global__ void __launch_bounds__(1024)
     }
 }
 
+enum { SR_STAGES = 6, SR_CHUNK = 32768 }; /* the bulk form's ring: 192 KB in flight an SM */
+
+/* The same read as bulk copies (the MoE kernels' way): thread 0 keeps SR_STAGES copies of
+ * SR_CHUNK bytes (the last one shorter) in flight into a ring of shared memory, queueing
+ * each next one as a stage lands; out as k_smread's. */
+__global__ void k_smread_bulk(const uint8_t *src, uint32_t bytes, unsigned long long *out)
+{
+    extern __shared__ int4 k_smem[];
+    uint8_t *ring = (uint8_t *)k_smem;
+    uint64_t *bar = (uint64_t *)(ring + (size_t)SR_STAGES * SR_CHUNK);
+    if (threadIdx.x != 0) return;
+    const unsigned long long t0 = k_globaltimer();
+    for (int k = 0; k < SR_STAGES; k++) k_mbar_init(bar + k, 1);
+    k_mbar_fence_init();
+    const uint8_t *p = src + (size_t)blockIdx.x * bytes;
+    const uint32_t n = (bytes + SR_CHUNK - 1) / SR_CHUNK;
+    auto queue = [&](uint32_t i) {
+        const uint32_t len = bytes - i * SR_CHUNK < SR_CHUNK ? bytes - i * SR_CHUNK : SR_CHUNK;
+        k_mbar_expect(bar + i % SR_STAGES, len);
+        k_bulk(ring + (size_t)(i % SR_STAGES) * SR_CHUNK, p + (size_t)i * SR_CHUNK, len,
+               bar + i % SR_STAGES);
+    };
+    for (uint32_t i = 0; i < n && i < SR_STAGES; i++) queue(i);
+    for (uint32_t i = 0; i < n; i++) {
+        k_mbar_wait(bar + i % SR_STAGES, (i / SR_STAGES) & 1);
+        if (i + SR_STAGES < n) queue(i + SR_STAGES);
+    }
+    unsigned long long *o = out + 3 * (size_t)blockIdx.x;
+    o[0] = t0;
+    o[1] = k_globaltimer();
+    o[2] = k_smid();
+}
+
 } // namespace
 
 /* lb_smread's body; the buffers are the caller's, freed by it. */
-static int smread(uint32_t bytes, int reps, size_t cap, int *sm, double *end, double *dur,
+static int smread(uint32_t bytes, int bulk, int reps, size_t cap, int *sm, double *end, double *dur,
                   int *n_sm, char *msg, uint8_t **src, unsigned **sink, unsigned long long **out)
 {
     if (bytes == 0 || bytes % 16 || reps < 1) {
@@ -67,11 +102,20 @@ static int smread(uint32_t bytes, int reps, size_t cap, int *sm, double *end, do
         snprintf(msg, 256, "lb_smread: %d launches of %d CTAs past %zu entries", reps, grid, cap);
         return -1;
     }
-    /* more than half an SM's shared memory a CTA: one CTA an SM, so one on every SM */
-    const size_t smem = (size_t)max_smem / 2 + 1024;
-    CKB(cudaFuncSetAttribute(k_smread, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    /* more than half an SM's shared memory a CTA: one CTA an SM, so one on every SM (and
+     * room for the bulk form's ring and barriers) */
+    const size_t ring = (size_t)SR_STAGES * SR_CHUNK + 8 * SR_STAGES;
+    if (ring > (size_t)max_smem) {
+        snprintf(msg, 256, "lb_smread: a ring of %zu bytes past %d", ring, max_smem);
+        return -1;
+    }
+    const size_t half = (size_t)max_smem / 2 + 1024;
+    const size_t smem = bulk && ring > half ? ring : half;
+    const void *fn = bulk ? (const void *)k_smread_bulk : (const void *)k_smread;
+    const int threads = bulk ? 32 : 1024;
+    CKB(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int occ = 0;
-    CKB(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_smread, 1024, smem));
+    CKB(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, threads, smem));
     if (occ != 1) {
         snprintf(msg, 256, "lb_smread: %zu bytes of shared memory leave %d CTAs an SM, not 1", smem,
                  occ);
@@ -96,7 +140,10 @@ static int smread(uint32_t bytes, int reps, size_t cap, int *sm, double *end, do
     }
     for (int r = -3; r < reps; r++) { /* r < 0: warm-up launches, not kept */
         const size_t at = (size_t)((r + 3) % nspan) * span;
-        k_smread<<<grid, 1024, smem>>>((const int4 *)(*src + at), bytes / 16, *sink, *out);
+        if (bulk)
+            k_smread_bulk<<<grid, threads, smem>>>(*src + at, bytes, *out);
+        else
+            k_smread<<<grid, threads, smem>>>((const int4 *)(*src + at), bytes / 16, *sink, *out);
         cudaError_t rc = cudaGetLastError();
         if (rc == cudaSuccess)
             rc = cudaMemcpy(h, *out, sizeof *h * 3 * (size_t)grid, cudaMemcpyDeviceToHost);
@@ -122,13 +169,13 @@ static int smread(uint32_t bytes, int reps, size_t cap, int *sm, double *end, do
     return 0;
 }
 
-extern "C" int lb_smread(uint32_t bytes, int reps, size_t cap, int *sm, double *end, double *dur,
-                         int *n_sm, char *msg)
+extern "C" int lb_smread(uint32_t bytes, int bulk, int reps, size_t cap, int *sm, double *end,
+                         double *dur, int *n_sm, char *msg)
 {
     uint8_t *src = NULL;
     unsigned *sink = NULL;
     unsigned long long *out = NULL;
-    const int rc = smread(bytes, reps, cap, sm, end, dur, n_sm, msg, &src, &sink, &out);
+    const int rc = smread(bytes, bulk, reps, cap, sm, end, dur, n_sm, msg, &src, &sink, &out);
     cudaFree(src);
     cudaFree(sink);
     cudaFree(out);
