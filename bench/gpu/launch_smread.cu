@@ -1,11 +1,11 @@
 /* launch_smread.cu - bench-launch's per-SM read: one CTA on every SM reads its own span
  * of device memory, all SMs at once, with plain 16-byte loads (1024 threads) or with bulk
  * copies into a ring of shared memory (one thread, as the MoE kernels' stages are
- * queued), and notes on %globaltimer
- * when it started and ended. What it shows: whether the memory system serves every SM
- * alike when all ask at once (the spread of the SMs' ends within a launch), and whether
- * the same SMs are the slow ones launch after launch (so that a static order could give
- * them less), for the per-SM bytes of the MoE layer's kernels. */
+ * queued), and notes on %globaltimer when it started and ended. What it shows: whether
+ * the memory system serves every SM alike when all ask at once (the spread of the SMs'
+ * ends within a launch), and whether the same SMs are the slow ones launch after launch
+ * (so that a static order could give them less), for the per-SM bytes of the MoE
+ * layer's kernels. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -121,16 +121,10 @@ static int smread(uint32_t bytes, int bulk, int reps, size_t cap, int *sm, doubl
                  occ);
         return -1;
     }
-    /* a span a launch, 2 GiB of them in turn, so that L2 never holds a launch's bytes */
-    const size_t span = ((size_t)grid * bytes + 4095) / 4096 * 4096;
-    const size_t total = (size_t)2 << 30;
-    const int nspan = (int)(total / span);
-    if (nspan < 2) {
-        snprintf(msg, 256, "lb_smread: %zu bytes a launch", span);
+    size_t span = 0; /* a span a launch, 2 GiB of them in turn */
+    int nspan = 0;
+    if (bench_spans("lb_smread", (size_t)grid * bytes, (size_t)2 << 30, src, &span, &nspan, msg))
         return -1;
-    }
-    CKB(cudaMalloc(src, total));
-    CKB(cudaMemset(*src, 1, total));
     CKB(cudaMalloc(sink, sizeof **sink));
     CKB(cudaMalloc(out, sizeof **out * 3 * (size_t)grid));
     unsigned long long *h = (unsigned long long *)malloc(sizeof *h * 3 * (size_t)grid);

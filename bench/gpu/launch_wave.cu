@@ -84,16 +84,11 @@ static int wave(int per_sm, int ncopy, uint32_t bytes, int first, int reps, size
                  occ, per_sm);
         return -1;
     }
-    /* a span a launch, 1 GiB of them in turn, so that L2 never holds a launch's bytes */
-    const size_t span = ((size_t)grid * ncopy * bytes + 4095) / 4096 * 4096;
-    const size_t total = (size_t)1 << 30;
-    const int nspan = (int)(total / span);
-    if (nspan < 2) {
-        snprintf(msg, 256, "lb_wave: %zu bytes a launch", span);
+    size_t span = 0; /* a span a launch, 1 GiB of them in turn */
+    int nspan = 0;
+    if (bench_spans("lb_wave", (size_t)grid * ncopy * bytes, (size_t)1 << 30, src, &span, &nspan,
+                    msg))
         return -1;
-    }
-    CKB(cudaMalloc(src, total));
-    CKB(cudaMemset(*src, 1, total));
     CKB(cudaMalloc(arrive, sizeof **arrive));
     CKB(cudaMalloc(out, sizeof **out * 4 * (size_t)grid));
     unsigned long long *h = (unsigned long long *)malloc(sizeof *h * 4 * (size_t)grid);
