@@ -58,6 +58,11 @@
 #undef GTD_QH
 #define GTD_QH SL_GTD_QH
 #endif
+#ifndef SL_GU_PW /* an experiment's arm: the bulk-copy gate/ups' producer warp */
+#define SL_GU_PW 0
+#endif
+#define GT_PW      (SL_GU_PW != 0)
+#define GT_THREADS (GT_NG * GT_NW * 32 + (GT_PW ? 32 : 0)) /* a bulk-copy gate/up CTA's */
 #ifndef USE_PDL
 #define USE_PDL true /* programmatic dependent launch between the bulk-copy kernels */
 #endif
@@ -209,7 +214,7 @@ static cudaError_t join_copies(sl_gpu_ctx *c)
 /* Shared memory of the bulk-copy gate/up. */
 static size_t gt_smem(uint32_t dim)
 {
-    return k_gateup_tma_smem(dim, GT_TR, GT_ST, 0, 0, GT_SPL);
+    return k_gateup_tma_smem(dim, GT_TR, GT_ST, 0, 0, GT_SPL, GT_PW);
 }
 
 /* ---- launchers, one per kernel family ---- */
@@ -225,9 +230,9 @@ static cudaError_t launch_quant_img(const sl_gpu_ctx *c, const uint16_t *x, uint
 /* The bulk-copy gate/ups' pointer types (every form of a family has the same), named
  * after a form that is built */
 using gt_fn = decltype(&k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, false, 0,
-                                          0, GT_SPL>);
+                                          0, GT_SPL, GT_PW>);
 using gtd_fn = decltype(&k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false,
-                                               false, 0, 0, GT_SPL>);
+                                               false, 0, 0, GT_SPL, GT_PW>);
 
 /* The host-table bulk-copy gate/up: staggered or not, recording milestones or not,
  * writing h's q8_1 in form qh (3, 4: compute/moe_kern.cuh) or leaving it to k_quant_h;
@@ -236,11 +241,12 @@ template <bool STG, bool STAMP, int NB> static gt_fn gt_kernel_qh(int qh)
 {
     if (qh == 3)
         return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP, 3, NB,
-                                 GT_SPL>;
+                                 GT_SPL, GT_PW>;
     if (qh == 4)
         return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP, 4, NB,
-                                 GT_SPL>;
-    return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP, 0, NB, GT_SPL>;
+                                 GT_SPL, GT_PW>;
+    return k_gateup_tma_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, STG, STAMP, 0, NB, GT_SPL,
+                             GT_PW>;
 }
 
 /* Whether the gate/ups take their form for the model's width (GT_NBX blocks a row). */
@@ -265,12 +271,12 @@ template <bool STAMP, int NB> static gtd_fn gtd_kernel_qh(int qh)
 {
     if (qh == 3)
         return k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, STAMP, 3, NB,
-                                     GT_SPL>;
+                                     GT_SPL, GT_PW>;
     if (qh == 4)
         return k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, STAMP, 4, NB,
-                                     GT_SPL>;
+                                     GT_SPL, GT_PW>;
     return k_gateup_tma_dev_q2_k<GT_NW, GT_TR, GT_ST, GT_NG, false, false, false, STAMP, 0, NB,
-                                 GT_SPL>;
+                                 GT_SPL, GT_PW>;
 }
 
 static gtd_fn gtd_kernel(bool stamp, int qh, uint32_t dim)
@@ -340,7 +346,7 @@ static cudaError_t launch_gateup(const sl_gpu_ctx *c, const sl_ktab &tab, const 
         if (rc != cudaSuccess) return rc;
         const int qh = gt_qh_for(c, tab.n);
         const uint32_t grid = gt_grid(c, (uint32_t)tab.n * (inter / GT_TR), c->gt_occ, qh);
-        rc = k_launch(gt_kernel(c->gt_stg, s.stamps != NULL, qh, dim), grid, GT_NG * GT_NW * 32,
+        rc = k_launch(gt_kernel(c->gt_stg, s.stamps != NULL, qh, dim), grid, GT_THREADS,
                       gt_smem(dim), st, USE_PDL, tab, (const uint8_t *)img, dim, inter, limit, s);
         if (rc == cudaSuccess && wrote_qh) *wrote_qh = qh != 0;
         return rc;
@@ -547,7 +553,7 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         for (int f = 0; f < 12; f++) {
             int o = 0;
             rc = prep_kernel(gt_kernel(f & 1, f >> 1 & 1, f >> 2 ? 2 + (f >> 2) : 0, dim),
-                             GT_NG * GT_NW * 32, gts, &o, "k_gateup_tma_q2_k", err);
+                             GT_THREADS, gts, &o, "k_gateup_tma_q2_k", err);
             if (rc) return rc;
             if (o < c->gt_occ) c->gt_occ = o;
         }
@@ -599,8 +605,8 @@ static int prepare_kernels(sl_gpu_ctx *c, sl_err *err)
         c->gtd_occ = 1 << 30; /* the least of its six forms */
         for (int f = 0; f < 6 && c->gtd_ok; f++) {
             int o = 0;
-            c->gtd_ok = !prep_kernel(gtd_kernel(f & 1, f >> 1 ? 2 + (f >> 1) : 0, dim),
-                                     GT_NG * GT_NW * 32, gts, &o, "k_gateup_tma_dev_q2_k", NULL) &&
+            c->gtd_ok = !prep_kernel(gtd_kernel(f & 1, f >> 1 ? 2 + (f >> 1) : 0, dim), GT_THREADS,
+                                     gts, &o, "k_gateup_tma_dev_q2_k", NULL) &&
                         o >= 1;
             if (o < c->gtd_occ) c->gtd_occ = o;
         }
@@ -1006,7 +1012,7 @@ static int route_start(sl_gpu_ctx *c, const uint16_t *x, const uint16_t *w, cons
     if (t0) { /* right after the selection (PDL): the shared expert's rows load meanwhile */
         const uint32_t grid =
             gt_grid(c, (s->n_used + (uint32_t)with_sh) * (s->inter / GT_TR), c->gtd_occ, c->gtd_qh);
-        CK(k_launch(gtd_kernel(c->rs.stamps != NULL, c->gtd_qh, s->dim), grid, GT_NG * GT_NW * 32,
+        CK(k_launch(gtd_kernel(c->rs.stamps != NULL, c->gtd_qh, s->dim), grid, GT_THREADS,
                     gt_smem(s->dim), c->main, USE_PDL, (const sl_ktab *)c->tab_dev,
                     (const uint8_t *)c->ximg[0], s->dim, s->inter, s->swiglu_limit, c->rs, c->sh,
                     with_sh, (const sl_kttab *)(c->gtd_flag ? c->ttab_dev : NULL), c->ttab_tag),

@@ -842,6 +842,18 @@ __device__ __forceinline__ void k_mbar_wait(uint64_t *bar, uint32_t parity)
     } while (!ok);
 }
 
+/* Whether the phase of parity `parity` of bar has completed, without waiting. */
+__device__ __forceinline__ bool k_mbar_test(uint64_t *bar, uint32_t parity)
+{
+    uint32_t ok;
+    asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok)
+                 : "r"(k_sa(bar)), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
+
 /* One arrival on bar (release at CTA scope: this thread's and, after a barrier, its
  * group's earlier writes are seen by whoever waits on the phase). */
 __device__ __forceinline__ void k_mbar_arrive(uint64_t *bar)
@@ -1143,6 +1155,45 @@ __device__ __forceinline__ void k_tab_take(sl_kgutab &dst, const sl_ktab &src)
         dst.e[i] = sl_kgu{src.e[i].gate, src.e[i].up, src.e[i].w, src.e[i].slot};
 }
 
+/* The producer warp's lane 0 of a PW gate/up: STG, each group's other first stages once
+ * its first one landed; then the refills, unit k into stage k % ST once its unit k - ST
+ * was read (the (k / ST)-th phase of empty[k % ST]), the groups in turn so that a slow
+ * group holds up no other's, until no group has a unit left. rec(g): group g's record,
+ * where the time spent queueing is summed (slots 24, 25), or NULL. */
+template <int ST, int NG, bool STG, typename U, typename I, typename R>
+__device__ __forceinline__ void k_gu_produce(uint64_t *bar, uint64_t *empty, uint32_t units,
+                                             U &&unit, I &&issue, R &&rec)
+{
+    if (STG)
+        for (uint32_t g = 0; g < NG; g++) {
+            if (unit(g) >= units) continue;
+            k_mbar_wait(bar + g, 0);
+            for (uint32_t q = g + NG; q < ST; q += NG) issue(q);
+        }
+    uint32_t next[NG], live = 0;
+#pragma unroll
+    for (int g = 0; g < NG; g++) {
+        next[g] = ST + g;
+        live += unit(next[g]) < units;
+    }
+    while (live) {
+        bool any = false;
+#pragma unroll
+        for (int g = 0; g < NG; g++) {
+            const uint32_t k = next[g];
+            if (unit(k) >= units || !k_mbar_test(empty + k % ST, (k / ST - 1) & 1)) continue;
+            unsigned long long *r = rec(g);
+            const unsigned long long q0 = r ? k_globaltimer() : 0;
+            issue(k);
+            if (r) k_stamp_add(r, q0);
+            next[g] = k + NG;
+            live -= unit(next[g]) >= units;
+            any = true;
+        }
+        if (!any) __nanosleep(64);
+    }
+}
+
 /* Gate and up (Q2_K) of every expert of the table, then SwiGLU into s.h (QH: and its
  * q8_1, k_quant_h_last, the warp of each unit after it (1) or the CTA's warps, a unit
  * each, at its end (2); or (3) each q8_1 group of h by the warp group that computed
@@ -1168,9 +1219,12 @@ __device__ __forceinline__ void k_tab_take(sl_kgutab &dst, const sl_ktab &src)
  * 0 keeps a tile a multiple of 16 bytes for every dim % 256 == 0; ST % NG == 0 keeps a stage within
  * one group. NB (not 0): dim is 256 NB exactly, so a lane's blocks are a constant count, unrolled
  * (the kernels then ask for 2 CTAs an SM: 128 registers at most). SPL: the split stage layout
- * (SL_GU_SPLIT_GAP; the dp4a unit only). TAB: sl_ktab, or the device-table form's sl_kgutab. */
+ * (SL_GU_SPLIT_GAP; the dp4a unit only). PW: a producer warp (the CTA's last, NG NW 32 + 32
+ * threads) queues every stage past the first ones: a unit's group frees its stage with one
+ * arrival on the stage's `empty` barrier, so no computing warp waits in cp.async.bulk while
+ * the memory is busy (k_gu_produce). TAB: sl_ktab, or the device-table form's sl_kgutab. */
 template <int NW, int TR, int ST, int NG, bool MMA, bool DEV, bool PFD, bool STG, bool STAMP,
-          int QH = 0, int NB = 0, bool SPL = false, typename TAB>
+          int QH = 0, int NB = 0, bool SPL = false, bool PW = false, typename TAB>
 __device__ __forceinline__ void
 k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kttab *ttab,
                   unsigned tag, const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg,
@@ -1178,6 +1232,8 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
 {
     static_assert(ST % NG == 0, "stages are split evenly between the groups");
     static_assert(!MMA || (NW == 8 && TR == 16), "mma: 2 tiles x 4 block sets = 8 warps");
+    static_assert(!PW || (!MMA && !PFD && NG > 1 && (QH == 0 || QH >= 3)),
+                  "PW: the dp4a units, their stages freed at a group's barrier");
     static_assert(!(MMA && QH == 1), "the mma unit writes h after its last barrier");
     extern __shared__ int4 k_smem[];
     int8_t *aq = (int8_t *)k_smem;             /* [dim + dim/8] padded codes */
@@ -1193,6 +1249,7 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
     const uint32_t tpe = inter / TR, grid = gridDim.x;
     const int lane = threadIdx.x & 31, grp = threadIdx.x / (NW * 32),
               warp = (threadIdx.x >> 5) % NW;
+    const bool prod = PW && grp == NG; /* the producer warp */
     uint32_t units = 0, rot = 0; /* unit u: rows (u % tpe) * TR of entry (u / tpe + rot) % n */
     /* QH 3, 4: a chunk is the CH units of one q8_1 group of h; a group takes PG of them
      * (3: all, 4: group G the G-th part of its CTA's chunk) */
@@ -1222,13 +1279,14 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
                                    }
                                    issue_rows(k, tab.e[(u / tpe + rot) % tab.n], (u % tpe) * TR);
     };
-    uint64_t *xbar = bar + ST; /* the quantized x (k_quant_x_img) has landed */
+    uint64_t *xbar = bar + ST;  /* the quantized x (k_quant_x_img) has landed */
+    uint64_t *empty = xbar + 1; /* PW: stage k's unit read (one arrival a unit) */
     /* mma: each group's partial sums (a float4 per lane of its 8 warps), 16 zero bytes */
-    float4 *red0 = (float4 *)(((uintptr_t)(xbar + 1) + 15) & ~(uintptr_t)15);
+    float4 *red0 = (float4 *)(((uintptr_t)(empty + (PW ? ST : 0)) + 15) & ~(uintptr_t)15);
     float4 *red = red0 + grp * NW * 32;
     int8_t *zero = (int8_t *)(red0 + NG * NW * 32);
     unsigned long long *rec =
-        STAMP ? k_stamp_rec(s.stamps, NG, grp, threadIdx.x % (NW * 32) == 0) : nullptr;
+        STAMP && !prod ? k_stamp_rec(s.stamps, NG, grp, threadIdx.x % (NW * 32) == 0) : nullptr;
     k_stamp(rec, 0);
     if (STAMP && rec) rec[24] = rec[25] = 0; /* this launch's refills only */
     /* DEV: the table comes from the kernel before (k_route_select). The shared expert,
@@ -1242,7 +1300,7 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
      * start right after its wait): the bytes are complete. Then the x it needs first
      * lands first, with the shared expert's stages, while the selection runs. */
     const uint32_t early = k_gu_pipe_start<(STG ? NG : ST), TR, DEV>(
-        bar, ST + 1 /* and xbar */, sh_first, tpe, issue,
+        bar, ST + 1 + (PW ? ST : 0) /* and xbar, PW: the empty barriers */, sh_first, tpe, issue,
         [&](uint32_t k, uint32_t r0) { issue_rows(k, sh, r0); },
         [&] {
             if (DEV) k_ximg_load(aq, ximg, dim, xbar);
@@ -1302,10 +1360,11 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
             if (ttab) k_pdl_wait();
             return;
         }
-        if (threadIdx.x == 0) {
+        if (threadIdx.x == (PW ? NG * NW * 32 : 0)) {
+            /* PW: the producer, which knows the early stages by the rule that queued them */
             for (uint32_t k = 0; k < (STG ? NG : ST); k++)
-                if (!(early >> k & 1)) issue(k);
-            k_stamp(rec, 27);
+                if (PW ? !(sh_first && unit(k) < tpe) : !(early >> k & 1)) issue(k);
+            k_stamp(PW ? k_stamp_rec(s.stamps, NG, 0, STAMP) : rec, 27);
         }
     }
     if (threadIdx.x == 0) {
@@ -1314,6 +1373,14 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
     }
     __syncthreads(); /* the barriers' inits (non-DEV: the only CTA barrier before the
                       * waits on them) and the zero bytes */
+    if (prod) {      /* the producer queues the rest and ends with the others */
+        if (lane == 0)
+            k_gu_produce<ST, NG, STG>(bar, empty, units, unit, issue,
+                                      [&](int g) { return k_stamp_rec(s.stamps, NG, g, STAMP); });
+        __syncwarp();
+        if (ttab) k_pdl_wait();
+        return;
+    }
     k_mbar_wait(xbar, 0);
     k_stamp(rec, 1);
 
@@ -1324,15 +1391,19 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
         const auto &ex = tab.e[(u / tpe + rot) % tab.n];
         k_mbar_wait(bar + k % ST, (k / ST) & 1);
         k_stamp_unit(rec, i, 0);
-        if (STG && k < NG && threadIdx.x % (NW * 32) == 0) /* the group's other stages */
+        if (STG && !PW && k < NG && threadIdx.x % (NW * 32) == 0) /* the group's other stages */
             for (uint32_t q = k + NG; q < ST; q += NG) issue(q);
         const uint8_t *st = stage + (size_t)(k % ST) * gs;
         float *h = s.h + (size_t)ex.slot * inter + r0;
         auto stage_free = [&] {
             k_fence_proxy();
-            const unsigned long long q0 = STAMP && rec ? k_globaltimer() : 0;
-            issue(k + ST);
-            if (STAMP && rec) k_stamp_add(rec, q0);
+            if constexpr (PW) {
+                k_mbar_arrive(empty + k % ST);
+            } else {
+                const unsigned long long q0 = STAMP && rec ? k_globaltimer() : 0;
+                issue(k + ST);
+                if (STAMP && rec) k_stamp_add(rec, q0);
+            }
         };
         if (MMA) {
             k_gateup_mma_unit<NW>(st, rb, nb, aq, ad, as, zero, red, grp, warp, lane, ex, h, limit,
@@ -1358,6 +1429,8 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
             /* QH 4: the CTA's groups at once (each CTA's groups take the same chunks) */
             if (QH == 3)
                 k_group_bar<NW>(grp);
+            else if (PW) /* the computing warps (the producer is elsewhere) */
+                asm volatile("bar.sync %0, %1;\n" ::"r"(1 + NG), "n"(NG * NW * 32) : "memory");
             else
                 __syncthreads();
             if (warp == 0 && (QH == 3 || grp == 0)) {
@@ -1369,9 +1442,13 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
                 __syncwarp();
                 if (lane == 0) {
                     k_fence_proxy();
-                    const unsigned long long q0 = STAMP && rec ? k_globaltimer() : 0;
-                    for (uint32_t gg = 0; gg < (QH == 4 ? NG : 1); gg++) issue(k + gg + ST);
-                    if (STAMP && rec) k_stamp_add(rec, q0);
+                    const unsigned long long q0 = STAMP && rec && !PW ? k_globaltimer() : 0;
+                    for (uint32_t gg = 0; gg < (QH == 4 ? NG : 1); gg++)
+                        if (PW)
+                            k_mbar_arrive(empty + (k + gg) % ST);
+                        else
+                            issue(k + gg + ST);
+                    if (STAMP && rec && !PW) k_stamp_add(rec, q0);
                 }
                 k_quant_h_group(s, (uint32_t)ex.slot * (inter / 32) + (r0 - (PG - 1) * TR) / 32, v,
                                 lane);
@@ -1397,13 +1474,13 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
  * at the CTA's end (2), or (3) each group of 32 rows by the warp group that computed
  * them (no counters). */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
-          bool STAMP = false, int QH = 0, int NB = 0, bool SPL = false>
-__global__ void __launch_bounds__(NG *NW * 32, NB ? SL_GT_MINB : 1)
+          bool STAMP = false, int QH = 0, int NB = 0, bool SPL = false, bool PW = false>
+__global__ void __launch_bounds__(NG *NW * 32 + (PW ? 32 : 0), NB ? SL_GT_MINB : 1)
     k_gateup_tma_q2_k(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                       uint32_t dim, uint32_t inter, float limit,
                       const __grid_constant__ sl_kscratch s)
 {
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD, STG, STAMP, QH, NB, SPL>(
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, false, PFD, STG, STAMP, QH, NB, SPL, PW>(
         tab, (sl_ktab *)NULL, NULL, NULL, 0, tab.e[0], 0, ximg, dim, inter, limit, s);
 }
 
@@ -1415,25 +1492,25 @@ __global__ void __launch_bounds__(NG *NW * 32, NB ? SL_GT_MINB : 1)
  * token may have, the CTAs beyond the table's units return at once. tabp is not
  * restrict: the read-only path may hold an older layer's table. */
 template <int NW, int TR, int ST, int NG = 1, bool MMA = false, bool PFD = false, bool STG = false,
-          bool STAMP = false, int QH = 0, int NB = 0, bool SPL = false>
-__global__ void __launch_bounds__(NG *NW * 32, NB ? SL_GT_MINB : 1)
+          bool STAMP = false, int QH = 0, int NB = 0, bool SPL = false, bool PW = false>
+__global__ void __launch_bounds__(NG *NW * 32 + (PW ? 32 : 0), NB ? SL_GT_MINB : 1)
     k_gateup_tma_dev_q2_k(const sl_ktab *tabp, const uint8_t *__restrict__ ximg, uint32_t dim,
                           uint32_t inter, float limit, const __grid_constant__ sl_kscratch s,
                           const __grid_constant__ sl_kexp sh, int sh_first, const sl_kttab *ttab,
                           unsigned tag)
 {
     __shared__ sl_kgutab tab;
-    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG, STAMP, QH, NB, SPL>(
+    k_gateup_tma_body<NW, TR, ST, NG, MMA, true, PFD, STG, STAMP, QH, NB, SPL, PW>(
         tab, &tab, tabp, ttab, tag, sh, sh_first, ximg, dim, inter, limit, s);
 }
 
 /* ng, nw: the mma form's partial sums and zero bytes (ng = 0: the dp4a form); spl: the
- * split stage layout's gap */
+ * split stage layout's gap; pw: the producer warp's empty barriers */
 inline size_t k_gateup_tma_smem(uint32_t dim, int tr, int st, int ng = 0, int nw = 0,
-                                bool spl = false)
+                                bool spl = false, bool pw = false)
 {
     return k_gu4_xbytes(dim) + (size_t)st * k_gut_stage(dim, tr) + (spl ? SL_GU_SPLIT_GAP : 0) +
-           8 * (size_t)st + 16 + (ng ? (size_t)ng * nw * 32 * 16 + 16 : 0);
+           8 * (size_t)st * (pw ? 2 : 1) + 16 + (ng ? (size_t)ng * nw * 32 * 16 + 16 : 0);
 }
 
 /* ---- persistent pipelined down: bench run 7 (bench/results/2026-11-30-moe.md) ----
