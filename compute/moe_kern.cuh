@@ -788,6 +788,10 @@ __device__ __forceinline__ void k_bulk(void *dst, const void *src, uint32_t byte
 #define SL_GT_MINB 2
 #endif
 
+#ifndef SL_GU_ONE /* an experiment's arm: k_gateup_tma_body's ONE */
+#define SL_GU_ONE 0
+#endif
+
 #ifndef SL_BULK_EF
 #define SL_BULK_EF 3 /* bit 0: the gate/up's weight copies evict-first in L2, bit 1: the down's */
 #endif
@@ -1250,6 +1254,9 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
     const int lane = threadIdx.x & 31, grp = threadIdx.x / (NW * 32),
               warp = (threadIdx.x >> 5) % NW;
     const bool prod = PW && grp == NG; /* the producer warp */
+    /* ONE: QH 3, 4's units through one call of the unit (its unrolled code once, not twice
+     * in the instruction cache) */
+    constexpr bool ONE = SL_GU_ONE != 0;
     uint32_t units = 0, rot = 0; /* unit u: rows (u % tpe) * TR of entry (u / tpe + rot) % n */
     /* QH 3, 4: a chunk is the CH units of one q8_1 group of h; a group takes PG of them
      * (3: all, 4: group G the G-th part of its CTA's chunk) */
@@ -1408,16 +1415,31 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
         if (MMA) {
             k_gateup_mma_unit<NW>(st, rb, nb, aq, ad, as, zero, red, grp, warp, lane, ex, h, limit,
                                   stage_free);
-        } else if (QH < 3 || i % PG != PG - 1) {
+        } else if (!(ONE && QH >= 3) && (QH < 3 || i % PG != PG - 1)) {
             const float hv = k_gateup_dp4a_unit<NW, TR, NG, NB>(
                 st, upoff, rb, nb, aq, ad, as, grp, warp, lane, ex, h, limit, stage_free);
             if (QH >= 3)
 #pragma unroll
                 for (int m = 0; m < PG - 1; m++)
                     if (i % PG == (uint32_t)m) held[m] = hv;
-        } else { /* the group's last unit of the chunk: the stages are freed after the q8_1 */
-            const float hv = k_gateup_dp4a_unit<NW, TR, NG, NB>(st, upoff, rb, nb, aq, ad, as, grp,
-                                                                warp, lane, ex, h, limit, [] {});
+        } else { /* the group's last unit of the chunk: the stages are freed after the q8_1
+                  * (ONE: every unit of QH 3, 4 here, through one copy of the unit's code) */
+            const bool last = i % PG == PG - 1;
+            const float hv =
+                ONE ? k_gateup_dp4a_unit<NW, TR, NG, NB>(st, upoff, rb, nb, aq, ad, as, grp, warp,
+                                                         lane, ex, h, limit,
+                                                         [&] {
+                                                             if (!last) stage_free();
+                                                         })
+                    : k_gateup_dp4a_unit<NW, TR, NG, NB>(st, upoff, rb, nb, aq, ad, as, grp, warp,
+                                                         lane, ex, h, limit, [] {});
+            if (ONE && !last) {
+#pragma unroll
+                for (int m = 0; m < PG - 1; m++)
+                    if (i % PG == (uint32_t)m) held[m] = hv;
+                k_stamp_unit(rec, i, 1);
+                continue;
+            }
             float *hs = (float *)(stage + (size_t)(k % ST) * gs); /* read in full by now */
             if ((lane & 15) == 0) {
                 const int r = 2 * warp + (lane >> 4);
