@@ -1393,6 +1393,12 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
 
     uint32_t i = 0;                  /* the group's units done */
     float held[PG > 1 ? PG - 1 : 1]; /* QH 3, 4: lanes 0, 16: the h of the group's units so far */
+    /* QH 3, 4: the group's i-th unit's h kept, a unit before its chunk's last */
+    auto hold = [&](float hv) {
+#pragma unroll
+        for (int m = 0; m < PG - 1; m++)
+            if (i % PG == (uint32_t)m) held[m] = hv;
+    };
     for (uint32_t k = grp; unit(k) < units; k += NG, i++) {
         const uint32_t u = unit(k), r0 = (u % tpe) * TR;
         const auto &ex = tab.e[(u / tpe + rot) % tab.n];
@@ -1418,10 +1424,7 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
         } else if (!(ONE && QH >= 3) && (QH < 3 || i % PG != PG - 1)) {
             const float hv = k_gateup_dp4a_unit<NW, TR, NG, NB>(
                 st, upoff, rb, nb, aq, ad, as, grp, warp, lane, ex, h, limit, stage_free);
-            if (QH >= 3)
-#pragma unroll
-                for (int m = 0; m < PG - 1; m++)
-                    if (i % PG == (uint32_t)m) held[m] = hv;
+            if (QH >= 3) hold(hv);
         } else { /* the group's last unit of the chunk: the stages are freed after the q8_1
                   * (ONE: every unit of QH 3, 4 here, through one copy of the unit's code) */
             const bool last = i % PG == PG - 1;
@@ -1434,9 +1437,7 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
                     : k_gateup_dp4a_unit<NW, TR, NG, NB>(st, upoff, rb, nb, aq, ad, as, grp, warp,
                                                          lane, ex, h, limit, [] {});
             if (ONE && !last) {
-#pragma unroll
-                for (int m = 0; m < PG - 1; m++)
-                    if (i % PG == (uint32_t)m) held[m] = hv;
+                hold(hv);
                 k_stamp_unit(rec, i, 1);
                 continue;
             }
