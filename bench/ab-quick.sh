@@ -53,7 +53,7 @@ for i in 1 2; do
              s && /^Refills queued/ { match($0, /median [0-9.]+ us in [0-9]+ refills/)
                                      printf " | refills %s", substr($0, RSTART + 7, RLENGTH - 7); exit }' "$f"
         grep -E "^Milestones of the device-routed layer's gate/up \(6 experts and the shared one\)" "$f" |
-            grep -o '[0-9.]* us from' | sed 's/ from/ gate\/up span/' | tr '\n' ' '
+            grep -o '[0-9.]* us from' | sed 's/^/ | /; s/ from/ gate\/up span/' | tr '\n' ' '
         echo
     done
 done
