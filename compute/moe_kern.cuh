@@ -1296,6 +1296,10 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
         STAMP && !prod ? k_stamp_rec(s.stamps, NG, grp, threadIdx.x % (NW * 32) == 0) : nullptr;
     k_stamp(rec, 0);
     if (STAMP && rec) rec[24] = rec[25] = 0; /* this launch's refills only */
+    bool x26_late = false; /* DEV, STAMP, thread 32: x landed after the table was read */
+    auto stamp_x26_late = [&] {
+        if (STAMP && x26_late) k_stamp(k_stamp_rec(s.stamps, NG, 0, true), 26);
+    };
     /* DEV: the table comes from the kernel before (k_route_select). The shared expert,
      * known at launch, takes the first units when sh_first, so its first stages load
      * while the selection runs. STG: one stage a group at first, the group's others
@@ -1318,15 +1322,27 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
     if constexpr (DEV) { /* (the host-table forms' sl_ktab never takes a table) */
         static_assert(SL_KTT_WORDS <= 32, "warp 0 reads the tagged table, a word a lane");
         static_assert(!(DEV && PFD), "the tagged table carries no down pointers to prefetch");
-        if (STAMP && s.stamps) { /* when x lands, not bounded by the table's read */
-            __syncthreads();     /* the barriers' inits */
+        /* when x lands, not bounded by the table's read: thread 32 watches x until the
+         * table is read, and stamps later (x26_late) if x has not landed by then, so that
+         * the stamped form does not hold the CTA's table barrier for x */
+        __shared__ volatile int tab_read;
+        if (STAMP && s.stamps) {
+            if (threadIdx.x == 0) tab_read = 0;
+            __syncthreads(); /* the barriers' inits, the flag */
             if (threadIdx.x == 32) {
-                k_mbar_wait(xbar, 0);
-                k_stamp(k_stamp_rec(s.stamps, NG, 0, true), 26);
+                bool x26 = false;
+                while (!(x26 = k_mbar_test(xbar, 0)) && !tab_read) __nanosleep(32);
+                if (x26)
+                    k_stamp(k_stamp_rec(s.stamps, NG, 0, true), 26);
+                else
+                    x26_late = true;
             }
         }
         if (!ttab) {
-            if (threadIdx.x == 0) k_tab_take(*tab_dst, *tabp); /* tab is *tab_dst */
+            if (threadIdx.x == 0) {
+                k_tab_take(*tab_dst, *tabp); /* tab is *tab_dst */
+                if (STAMP) tab_read = 1;
+            }
         } else if (threadIdx.x < 32) { /* the selection's tagged table (k_route_select),
                                         * written before its host writes and their fence;
                                         * the wait for its grid comes at the end */
@@ -1340,7 +1356,10 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
                                 ((uint32_t)lane >= 1 + 3 * n || (v & 15u) == tag);
                 if (__all_sync(~0u, ok)) {
                     k_stamp(rec, 28);
-                    if (lane == 0) tab_dst->n = (int)n;
+                    if (lane == 0) {
+                        tab_dst->n = (int)n;
+                        if (STAMP) tab_read = 1;
+                    }
                     if (lane >= 1 && (uint32_t)lane < 1 + 3 * n) {
                         auto &x = tab_dst->e[(lane - 1) / 3];
                         const unsigned long long p = v & ~15ull;
@@ -1364,6 +1383,7 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
         rot = sh_first ? (uint32_t)tab.n - 1 : 0;
         if (unit(0) >= units) { /* only x was queued (early units are < units) */
             k_mbar_wait(xbar, 0);
+            stamp_x26_late();
             if (ttab) k_pdl_wait();
             return;
         }
@@ -1380,7 +1400,7 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
     }
     __syncthreads(); /* the barriers' inits (non-DEV: the only CTA barrier before the
                       * waits on them) and the zero bytes */
-    if (prod) {      /* the producer queues the rest and ends with the others */
+    if (prod) {          /* the producer queues the rest and ends with the others */
         if (lane == 0)
             k_gu_produce<ST, NG, STG>(bar, empty, units, unit, issue,
                                       [&](int g) { return k_stamp_rec(s.stamps, NG, g, STAMP); });
@@ -1389,6 +1409,7 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
         return;
     }
     k_mbar_wait(xbar, 0);
+    stamp_x26_late();
     k_stamp(rec, 1);
 
     uint32_t i = 0;                  /* the group's units done */
