@@ -1400,7 +1400,7 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
     }
     __syncthreads(); /* the barriers' inits (non-DEV: the only CTA barrier before the
                       * waits on them) and the zero bytes */
-    if (prod) {          /* the producer queues the rest and ends with the others */
+    if (prod) {      /* the producer queues the rest and ends with the others */
         if (lane == 0)
             k_gu_produce<ST, NG, STG>(bar, empty, units, unit, issue,
                                       [&](int g) { return k_stamp_rec(s.stamps, NG, g, STAMP); });
