@@ -5,9 +5,11 @@
 # BUILD_DIR/bin/bench-moe; each runs twice, in turn, and prints one line: the shipped
 # 6-expert row (gate/up, down, both us, bits), the device-routed layer plain and with the
 # norm inside the router (us, back to back), the layer gate/up's first entry to last
-# end, and in the norm layer's timeline the router's wait to x in shared memory and the
-# selection's wait to its table in cycles, and its gate/up's group leaders' time queueing
-# refills. Their tables stay in OUT_DIR/q-NAME-RUN.md.
+# end, and in the norm layer's timeline the router's wait to x in shared memory, the
+# selection's wait to its table in cycles, the table's publication, the gate/up's end
+# (median / last) and the down's last end (us after the router's first entry), and its
+# gate/up's group leaders' time queueing refills. Their tables stay in
+# OUT_DIR/q-NAME-RUN.md.
 # usage: bench/ab-quick.sh BUILD_DIR OUT_DIR NAME...
 set -u
 build=$1
@@ -35,10 +37,15 @@ for i in 1 2; do
         grep -E 'queued at once, finish' "$f" | awk -F'|' '{printf " plain layer%s", $6}'
         grep -E '^\|.*inside the router \(sluice' "$f" | awk -F'|' '{printf " norm layer%s", $6}'
         # the norm layer's timeline: the router's wait to x (the norm), the selection's
-        # wait to its table in its SM's cycles
+        # wait to its table in its SM's cycles; then its phases (us after the router's
+        # first entry): the table published, the gate/up's end (median / last) and the
+        # down's last end, the figures a chain's stages are judged by
         awk '/^With the residual and the norm inside the router/ { s = 1 }
              s && /^\| router \| past its wait/ && !w { w = $0; split(w, a, "|"); wt = a[5] }
              s && /^\| router \| x in shared memory/ && !x { x = $0; split(x, b, "|"); xt = b[5] }
+             s && /^\| selection \| table published/ && !tp { tp = 1; split($0, d, "|"); tb = d[5] }
+             s && /^\| gate\/up \| end/ && !ge { ge = 1; split($0, g, "|"); gm = g[5]; gl = g[6] }
+             s && /^\| down \| end/ && !de { de = 1; split($0, h, "|"); dl = h[6] }
              s && /^The selection.s steps after its wait/ && !c {
                  c = 1; n = 0; t = 0; line = $0
                  while (n < 4 && match(line, /[0-9]+ cycles/)) {
@@ -47,7 +54,10 @@ for i in 1 2; do
                  }
              }
              END { if (w && x) printf " | norm %.2f us wait to x", xt - wt
-                   if (c) printf ", selection %d cycles wait to table", t }' "$f"
+                   if (c) printf ", selection %d cycles wait to table", t
+                   if (tp && ge && de)
+                       printf " | table %.2f, gate/up end %.2f / %.2f, down last %.2f us", tb, gm,
+                              gl, dl }' "$f"
         # the norm layer's gate/up: its group leaders' time queueing refills (median)
         awk '/^Milestones of the device-routed layer.s gate\/up \(6 experts and the shared one, the norm inside the router\)/ { s = 1 }
              s && /^Refills queued/ { match($0, /median [0-9.]+ us in [0-9]+ refills/)
