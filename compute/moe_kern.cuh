@@ -1297,8 +1297,9 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
     k_stamp(rec, 0);
     if (STAMP && rec) rec[24] = rec[25] = 0; /* this launch's refills only */
     bool x26_late = false; /* DEV, STAMP, thread 32: x landed after the table was read */
+    auto stamp_x26 = [&] { k_stamp(k_stamp_rec(s.stamps, NG, 0, true), 26); }; /* x landed */
     auto stamp_x26_late = [&] {
-        if (STAMP && x26_late) k_stamp(k_stamp_rec(s.stamps, NG, 0, true), 26);
+        if (STAMP && x26_late) stamp_x26();
     };
     /* DEV: the table comes from the kernel before (k_route_select). The shared expert,
      * known at launch, takes the first units when sh_first, so its first stages load
@@ -1333,7 +1334,7 @@ k_gateup_tma_body(const TAB &tab, TAB *tab_dst, const sl_ktab *tabp, const sl_kt
                 bool x26 = false;
                 while (!(x26 = k_mbar_test(xbar, 0)) && !tab_read) __nanosleep(32);
                 if (x26)
-                    k_stamp(k_stamp_rec(s.stamps, NG, 0, true), 26);
+                    stamp_x26();
                 else
                     x26_late = true;
             }
