@@ -12,7 +12,8 @@
  *
  * each with the receivers blocking in recv, and spinning (non-blocking receives with
  * sched_yield, as the fetcher's loop and the client do), and, with --pin A,B, each
- * process and its ZeroMQ I/O thread pinned to CPU A (the echoing side) and B.
+ * process and its ZeroMQ I/O thread pinned to CPU A (the echoing side) and B; with
+ * --io C,D too, once more with the I/O threads on CPUs C and D of their own.
  * Prints a markdown table (and -o FILE) with the command line.
  */
 #include <errno.h>
@@ -62,12 +63,14 @@ typedef struct transport {
 static cpu_set_t
     all_cpus; /* the process's CPUs at start: a fork of a pinned timer gets them back */
 
-static void pin(int cpu, void *zctx)
+/* This thread on cpu, and zctx's I/O thread on io (io < 0: on cpu too); cpu < 0: none. */
+static void pin(int cpu, int io, void *zctx)
 {
     sl_err err = {0};
     if (cpu < 0) return;
     if (sched_setaffinity(0, sizeof all_cpus, &all_cpus)) die("sched_setaffinity");
-    if (zctx && zmq_ctx_set(zctx, ZMQ_THREAD_AFFINITY_CPU_ADD, cpu) != 0) die("zmq_ctx_set");
+    if (zctx && zmq_ctx_set(zctx, ZMQ_THREAD_AFFINITY_CPU_ADD, io < 0 ? cpu : io) != 0)
+        die("zmq_ctx_set");
     if (sl_affinity_pin_self(cpu, &err)) {
         fprintf(stderr, "bench-socket: %s\n", err.msg);
         exit(1);
@@ -120,12 +123,12 @@ static int zmq_get(void *s, uint8_t *buf, size_t cap, int spin)
 }
 
 /* The echoing process: answers every frame until `total` were answered. */
-static void echo(const transport *t, const char *where, int spin, int cpu, uint32_t total)
+static void echo(const transport *t, const char *where, int spin, int cpu, int io, uint32_t total)
 {
     uint8_t buf[256], id[256];
     if (t->zmq) {
         void *ctx = zmq_ctx_new();
-        pin(cpu, ctx);
+        pin(cpu, io, ctx);
         void *s = zmq_socket(ctx, ZMQ_ROUTER);
         if (!s || zmq_bind(s, where) != 0) die("zmq_bind");
         for (uint32_t k = 0; k < total; k++) {
@@ -138,7 +141,7 @@ static void echo(const transport *t, const char *where, int spin, int cpu, uint3
         zmq_ctx_term(ctx);
         return;
     }
-    pin(cpu, NULL);
+    pin(cpu, -1, NULL);
     int ls = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     if (strlen(where) >= sizeof a.sun_path) die("socket path too long");
@@ -157,9 +160,9 @@ static void echo(const transport *t, const char *where, int spin, int cpu, uint3
 }
 
 /* Times `samples` round trips (after WARMUP) against a fresh echoing process: p50 and
- * p99 in us. */
-static void measure(const transport *t, int spin, int cpu_echo, int cpu_me, uint32_t samples,
-                    double *p50, double *p99)
+ * p99 in us. io_echo, io_me: the I/O threads' CPUs (-1: the process's own). */
+static void measure(const transport *t, int spin, int cpu_echo, int cpu_me, int io_echo, int io_me,
+                    uint32_t samples, double *p50, double *p99)
 {
     char where[128];
     snprintf(where, sizeof where, "%s/tmp/sluice-bench-socket-%d.sock", t->zmq ? "ipc://" : "",
@@ -168,7 +171,7 @@ static void measure(const transport *t, int spin, int cpu_echo, int cpu_me, uint
     pid_t pid = fork();
     if (pid < 0) die("fork");
     if (pid == 0) {
-        echo(t, where, spin, cpu_echo, total);
+        echo(t, where, spin, cpu_echo, io_echo, total);
         _exit(0);
     }
     uint8_t buf[256] = {0};
@@ -178,11 +181,11 @@ static void measure(const transport *t, int spin, int cpu_echo, int cpu_me, uint
     int fd = -1;
     if (t->zmq) {
         ctx = zmq_ctx_new();
-        pin(cpu_me, ctx);
+        pin(cpu_me, io_me, ctx);
         s = zmq_socket(ctx, ZMQ_DEALER);
         if (!s || zmq_connect(s, where) != 0) die("zmq_connect"); /* retried until bound */
     } else {
-        pin(cpu_me, NULL);
+        pin(cpu_me, -1, NULL);
         struct sockaddr_un a = {.sun_family = AF_UNIX};
         if (strlen(where) >= sizeof a.sun_path) die("socket path too long");
         memcpy(a.sun_path, where, strlen(where) + 1);
@@ -234,7 +237,7 @@ static void measure(const transport *t, int spin, int cpu_echo, int cpu_me, uint
 int main(int argc, char **argv)
 {
     uint32_t samples = 20000;
-    int cpu_a = -1, cpu_b = -1;
+    int cpu_a = -1, cpu_b = -1, io_c = -1, io_d = -1;
     const char *out = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--samples") && i + 1 < argc) {
@@ -255,19 +258,34 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench-socket: --pin: %s\n", err.msg);
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--io") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%d,%d", &io_c, &io_d) != 2 || io_c < 0 || io_d < 0) {
+                fprintf(stderr, "bench-socket: --io wants C,D (two CPU numbers)\n");
+                return 2;
+            }
+            sl_err err = {0};
+            if (sl_affinity_check(io_c, &err) || sl_affinity_check(io_d, &err)) {
+                fprintf(stderr, "bench-socket: --io: %s\n", err.msg);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
             out = argv[++i];
         } else {
             fprintf(stderr,
-                    "usage: bench-socket [--samples N] [--pin A,B] [-o FILE]\n"
+                    "usage: bench-socket [--samples N] [--pin A,B [--io C,D]] [-o FILE]\n"
                     "Round trips of a %d-byte frame between two processes: AF_UNIX "
                     "and ZeroMQ ipc://,\nblocking and spinning receivers, and with "
-                    "--pin the echoing process on CPU A, this one on B.\n",
+                    "--pin the echoing process on CPU A, this one on B\n(their ZeroMQ "
+                    "I/O threads with them, and with --io once more on CPUs C and D).\n",
                     FRAME);
             return !strcmp(argv[i], "--help") ? 0 : 2;
         }
     }
     signal(SIGPIPE, SIG_IGN);
+    if (io_c >= 0 && cpu_a < 0) {
+        fprintf(stderr, "bench-socket: --io needs --pin\n");
+        return 2;
+    }
     if (sched_getaffinity(0, sizeof all_cpus, &all_cpus)) die("sched_getaffinity");
     static const transport tr[2] = {{"AF_UNIX stream socket", 0},
                                     {"ZeroMQ DEALER -> ROUTER, ipc://", 1}};
@@ -277,13 +295,18 @@ int main(int argc, char **argv)
     int at = snprintf(line, sizeof line,
                       "| transport | receivers | pinned | p50 us | p99 us |\n"
                       "|---|---|---|---|---|\n");
-    for (int p = 0; p < (cpu_a >= 0 ? 2 : 1); p++)
-        for (int t = 0; t < 2; t++)
+    /* pass 0: nothing pinned; 1: --pin, I/O threads beside; 2: --io (ZeroMQ only) */
+    for (int p = 0; p < (io_c >= 0 ? 3 : cpu_a >= 0 ? 2 : 1); p++)
+        for (int t = p == 2; t < 2; t++)
             for (int spin = 0; spin < 2; spin++) {
                 double p50 = 0, p99 = 0;
-                measure(&tr[t], spin, p ? cpu_a : -1, p ? cpu_b : -1, samples, &p50, &p99);
-                char pinned[32] = "no";
-                if (p) snprintf(pinned, sizeof pinned, "CPUs %d, %d", cpu_a, cpu_b);
+                measure(&tr[t], spin, p ? cpu_a : -1, p ? cpu_b : -1, p == 2 ? io_c : -1,
+                        p == 2 ? io_d : -1, samples, &p50, &p99);
+                char pinned[64] = "no";
+                if (p == 1) snprintf(pinned, sizeof pinned, "CPUs %d, %d", cpu_a, cpu_b);
+                if (p == 2)
+                    snprintf(pinned, sizeof pinned, "CPUs %d, %d; I/O threads %d, %d", cpu_a, cpu_b,
+                             io_c, io_d);
                 at += snprintf(line + at, sizeof line - (size_t)at,
                                "| %s | %s | %s | %.1f | %.1f |\n", tr[t].name,
                                spin ? "spinning" : "blocking", pinned, p50, p99);
@@ -292,6 +315,7 @@ int main(int argc, char **argv)
     snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " --samples %u", samples);
     if (cpu_a >= 0)
         snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " --pin %d,%d", cpu_a, cpu_b);
+    if (io_c >= 0) snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " --io %d,%d", io_c, io_d);
     printf("%s\ncommand: `%s`\n", line, cmd);
     if (f) {
         fprintf(f, "%s\ncommand: `%s`\n", line, cmd);
