@@ -33,18 +33,23 @@ static void die(const char *what, const sl_err *e)
 int main(int argc, char **argv)
 {
     const char *model = NULL, *out_path = NULL;
-    uint32_t disk_experts = 384, threads = 0;
+    uint32_t disk_experts = 384, disk_first = 0, threads = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc)
             model = argv[++i];
         else if (!strcmp(argv[i], "--disk-experts") && i + 1 < argc)
             disk_experts = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--disk-first") && i + 1 < argc)
+            disk_first = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "-o") && i + 1 < argc)
             out_path = argv[++i];
         else {
-            fprintf(stderr, "usage: bench-ceilings -m FIRST_SHARD [--disk-experts N] [-o FILE]\n"
-                            "Measures the HBM, host->device copy, zero-copy and disk read "
-                            "ceilings;\nthe last line is sluice-compute's --ceilings argument.\n");
+            fprintf(stderr,
+                    "usage: bench-ceilings -m FIRST_SHARD [--disk-experts N] [--disk-first I] "
+                    "[-o FILE]\n"
+                    "Measures the HBM, host->device copy, zero-copy and disk read "
+                    "ceilings (the disk's\nover N experts from layer-major index I, default "
+                    "384 from 0);\nthe last line is sluice-compute's --ceilings argument.\n");
             return 2;
         }
     }
@@ -85,9 +90,10 @@ int main(int argc, char **argv)
     if (sl_gguf_open(&g, model, &err)) die("open model", &err);
     if (sl_expert_map_build(&m, g, SL_SLOT_ALIGN, &err)) die("expert map", &err);
     uint32_t n_all = m->n_layer * m->n_expert;
-    if (disk_experts > n_all) disk_experts = n_all;
+    if (disk_first >= n_all) disk_first = 0;
+    if (disk_experts > n_all - disk_first) disk_experts = n_all - disk_first;
     uint64_t disk_bytes = 0;
-    double disk = sl_bench_disk_best(g, m, 0, disk_experts, &disk_bytes, &threads);
+    double disk = sl_bench_disk_best(g, m, disk_first, disk_experts, &disk_bytes, &threads);
 
     FILE *out = out_path ? fopen(out_path, "w") : NULL;
     FILE *fs[2] = {stdout, out};
@@ -101,8 +107,8 @@ int main(int argc, char **argv)
             "| copy | %.1f | cudaMemcpy from a registered 1 GiB POSIX shm mapping, best of 3 |\n"
             "| zc | %.1f | kernel reading that mapping in place, best of 3 |\n"
             "| disk | %.2f | O_DIRECT expert windows, best of 16/32/64 threads (%u), %u experts "
-            "(%.2f GB) |\n\n",
-            desc, hbm / 1e9, copy / 1e9, zc / 1e9, disk / 1e9, threads, disk_experts,
+            "from %u (%.2f GB) |\n\n",
+            desc, hbm / 1e9, copy / 1e9, zc / 1e9, disk / 1e9, threads, disk_experts, disk_first,
             (double)disk_bytes / 1e9);
     }
     if (out) fclose(out);
