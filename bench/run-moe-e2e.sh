@@ -14,7 +14,11 @@
 # usage: bench/run-moe-e2e.sh BUILD_DIR [CHECKPOINT_DIR] [STEPS] [WARMUP] [CPUS]
 # CPUS "A,B" pins the fetcher's and the compute process's serving threads (--cpu).
 # COMPUTE_FLAGS: more flags for every sluice-compute run (e.g. --norm-kernel, to compare).
-# SKIP_COLD=1 leaves out (c) (the disk reads take most of the run). STEADY (default 400):
+# SKIP_COLD=1 leaves out (c) (the disk reads take most of the run); ONLY_COLD=1 runs (c)
+# alone. COLD_PAUSE (s, default 0): a rest for the disk before each cold start's ceiling
+# and before the cold start itself (session 35 tried 30 s: the ceiling and the cold
+# starts came out the same: bench/results/2026-12-03-s35-experiments.md, call 6).
+# STEADY (default 400):
 # the warm-up steps of (b'), (b) in the steady state under each T0 admission. ONLY_A=1
 # runs (a) alone (e.g. twice, with and without a COMPUTE_FLAGS, in one device call).
 set -eu
@@ -62,15 +66,19 @@ run() {
         grep -v 'memory plan:\|layers, dim'
 }
 # Each cold start gets its own ceilings, measured just before it, and the warm runs one
-# set after them: the GPU box's virtual disk reads at 1.2-1.9 GB/s from one minute to
-# the next (bench-ceilings takes the best of three queue depths; 16 threads alone were
-# beaten by the fetcher by 30-40%).
+# set after them: the GPU box's virtual disk reads at 1.2-2.2 GB/s from one call to the
+# next (bench-ceilings takes the best of three queue depths; 16 threads alone were
+# beaten by the fetcher by 30-40%, and the fetcher still reads 3-15% faster than this
+# ceiling: bench/results/2026-12-03-s35-experiments.md, calls 2, 5 and 6).
 for routing in uniform zipf:1.0; do
     start_fetcher
     [ -n "${SKIP_COLD:-}" ] && continue
+    sleep "${COLD_PAUSE:-0}"
     measure_ceilings
+    sleep "${COLD_PAUSE:-0}"
     run "(c) cold start from disk, T0 auto, routing $routing" --routing "$routing"
 done
+[ -n "${ONLY_COLD:-}" ] && exit 0
 measure_ceilings
 for routing in uniform zipf:1.0; do
     run "(a) every expert in T0 (preloaded), routing $routing" --routing "$routing" \
