@@ -1,7 +1,7 @@
 /* disk_ceiling.h - the disk's own read ceiling for expert-sized reads, shared by
  * bench-fetch and bench-ceilings: raw O_DIRECT preads of the aligned windows that
- * cover experts [first, first + count) (layer-major order, the same reads the
- * fetcher does on a miss) by `threads` threads, straight from the shards.
+ * cover experts first, first + stride, ... (count of them, layer-major order, the same
+ * reads the fetcher does on a miss) by `threads` threads, straight from the shards.
  *
  * Header-only (static functions) because each bench is one program of its own. */
 #ifndef SL_BENCH_DISK_CEILING_H
@@ -24,6 +24,7 @@ typedef struct sl_bench_disk_job {
     int *fds;
     uint32_t next; /* shared counter, atomically taken */
     uint32_t total;
+    uint32_t first, stride; /* the k-th read is expert first + k * stride */
     uint64_t bytes;
     pthread_mutex_t lock;
     size_t buf_bytes;
@@ -36,8 +37,9 @@ static void *sl_bench_disk_thread(void *v)
     if (posix_memalign(&buf, 4096, j->buf_bytes)) return NULL;
     uint64_t mine = 0;
     for (;;) {
-        uint32_t i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (i >= j->total) break;
+        uint32_t k = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (k >= j->total) break;
+        uint32_t i = j->first + k * j->stride;
         uint32_t layer = i / j->m->n_expert, expert = i % j->m->n_expert;
         for (int p = 0; p < SL_EXPERT_N_PART; p++) {
             const sl_expert_slice *s = sl_expert_map_slice(j->m, layer, expert, p);
@@ -63,9 +65,10 @@ static void *sl_bench_disk_thread(void *v)
 /* Bytes per second; *bytes_out gets the bytes read. Exits with a message when a shard
  * cannot be opened with O_DIRECT (the ceiling is meaningless without it). */
 static double sl_bench_disk_ceiling(const sl_gguf *g, const sl_expert_map *m, uint32_t threads,
-                                    uint32_t first, uint32_t count, uint64_t *bytes_out)
+                                    uint32_t first, uint32_t stride, uint32_t count,
+                                    uint64_t *bytes_out)
 {
-    sl_bench_disk_job j = {.m = m, .next = first, .total = first + count};
+    sl_bench_disk_job j = {.m = m, .next = 0, .total = count, .first = first, .stride = stride};
     pthread_mutex_init(&j.lock, NULL);
     j.fds = calloc(g->n_shards, sizeof(int));
     pthread_t *t = calloc(threads, sizeof *t);
@@ -93,22 +96,25 @@ static double sl_bench_disk_ceiling(const sl_gguf *g, const sl_expert_map *m, ui
     return (double)j.bytes / ((double)dt / 1e9);
 }
 
-/* The disk's ceiling is its best rate at any queue depth: experts [first, first +
- * count) split into 3 ranges, read with 16, 32 and 64 threads (each range once, so no
- * read finds the bytes of another in a cache); the best rate, its thread count in
- * *threads_out and the bytes of all 3 in *bytes_out. With 16 threads alone the fetcher
- * (16 readers) beat this "ceiling" by 30-40% on the GPU box's virtual disk. */
+/* The disk's ceiling is its best rate at any queue depth: the count experts first,
+ * first + stride, ... split into 3 runs of consecutive ones, read with 16, 32 and 64
+ * threads (each expert once, so no read finds the bytes of another in a cache); the
+ * best rate, its thread count in *threads_out and the bytes of all 3 in *bytes_out.
+ * With 16 threads alone the fetcher (16 readers) beat this "ceiling" by 30-40% on the
+ * GPU box's virtual disk. */
 static double sl_bench_disk_best(const sl_gguf *g, const sl_expert_map *m, uint32_t first,
-                                 uint32_t count, uint64_t *bytes_out, uint32_t *threads_out)
+                                 uint32_t stride, uint32_t count, uint64_t *bytes_out,
+                                 uint32_t *threads_out)
 {
     static const uint32_t depth[3] = {16, 32, 64};
     double best = 0.0;
     *bytes_out = 0;
     *threads_out = depth[0];
     for (uint32_t k = 0; k < 3; k++) {
-        const uint32_t a = first + count * k / 3, b = first + count * (k + 1) / 3;
+        const uint32_t a = count * k / 3, b = count * (k + 1) / 3;
         uint64_t bytes = 0;
-        const double r = sl_bench_disk_ceiling(g, m, depth[k], a, b - a, &bytes);
+        const double r =
+            sl_bench_disk_ceiling(g, m, depth[k], first + a * stride, stride, b - a, &bytes);
         *bytes_out += bytes;
         if (r > best) {
             best = r;

@@ -33,7 +33,7 @@ static void die(const char *what, const sl_err *e)
 int main(int argc, char **argv)
 {
     const char *model = NULL, *out_path = NULL;
-    uint32_t disk_experts = 384, disk_first = 0, threads = 0;
+    uint32_t disk_experts = 384, disk_first = 0, disk_stride = 1, threads = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc)
             model = argv[++i];
@@ -41,15 +41,18 @@ int main(int argc, char **argv)
             disk_experts = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--disk-first") && i + 1 < argc)
             disk_first = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--disk-stride") && i + 1 < argc)
+            disk_stride = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "-o") && i + 1 < argc)
             out_path = argv[++i];
         else {
             fprintf(stderr,
                     "usage: bench-ceilings -m FIRST_SHARD [--disk-experts N] [--disk-first I] "
-                    "[-o FILE]\n"
+                    "[--disk-stride S] [-o FILE]\n"
                     "Measures the HBM, host->device copy, zero-copy and disk read "
-                    "ceilings (the disk's\nover N experts from layer-major index I, default "
-                    "384 from 0);\nthe last line is sluice-compute's --ceilings argument.\n");
+                    "ceilings (the disk's\nover N experts: layer-major indices I, I + S, ..., "
+                    "default 384 from 0, stride 1);\nthe last line is sluice-compute's "
+                    "--ceilings argument.\n");
             return 2;
         }
     }
@@ -91,9 +94,12 @@ int main(int argc, char **argv)
     if (sl_expert_map_build(&m, g, SL_SLOT_ALIGN, &err)) die("expert map", &err);
     uint32_t n_all = m->n_layer * m->n_expert;
     if (disk_first >= n_all) disk_first = 0;
-    if (disk_experts > n_all - disk_first) disk_experts = n_all - disk_first;
+    if (disk_stride == 0) disk_stride = 1;
+    const uint32_t fit = (n_all - disk_first + disk_stride - 1) / disk_stride; /* in range */
+    if (disk_experts > fit) disk_experts = fit;
     uint64_t disk_bytes = 0;
-    double disk = sl_bench_disk_best(g, m, disk_first, disk_experts, &disk_bytes, &threads);
+    double disk =
+        sl_bench_disk_best(g, m, disk_first, disk_stride, disk_experts, &disk_bytes, &threads);
 
     FILE *out = out_path ? fopen(out_path, "w") : NULL;
     FILE *fs[2] = {stdout, out};
@@ -107,9 +113,9 @@ int main(int argc, char **argv)
             "| copy | %.1f | cudaMemcpy from a registered 1 GiB POSIX shm mapping, best of 3 |\n"
             "| zc | %.1f | kernel reading that mapping in place, best of 3 |\n"
             "| disk | %.2f | O_DIRECT expert windows, best of 16/32/64 threads (%u), %u experts "
-            "from %u (%.2f GB) |\n\n",
+            "from %u, stride %u (%.2f GB) |\n\n",
             desc, hbm / 1e9, copy / 1e9, zc / 1e9, disk / 1e9, threads, disk_experts, disk_first,
-            (double)disk_bytes / 1e9);
+            disk_stride, (double)disk_bytes / 1e9);
     }
     if (out) fclose(out);
     printf("--ceilings hbm=%.0f,copy=%.1f,zc=%.1f,disk=%.2f\n", hbm / 1e9, copy / 1e9, zc / 1e9,
