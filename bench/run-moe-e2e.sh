@@ -68,7 +68,7 @@ run() {
 # Each cold start gets its own ceilings, measured just before it, and the warm runs one
 # set after them: the GPU box's virtual disk reads at 1.2-2.2 GB/s from one call to the
 # next (bench-ceilings takes the best of three queue depths; 16 threads alone were
-# beaten by the fetcher by 30-40%, and the fetcher still reads 3-15% faster than this
+# beaten by the fetcher by 30-40%, and the fetcher still reads 3-17% faster than this
 # ceiling: bench/results/2026-12-03-s35-experiments.md, calls 2, 5 and 6).
 for routing in uniform zipf:1.0; do
     start_fetcher
