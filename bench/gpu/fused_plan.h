@@ -9,7 +9,14 @@
  *   - then its down units: round-robin too (aff 0: unit n * tpe + d = cta + k * grid,
  *     entry d / dpe, tile d % dpe), or one entry a CTA (aff 1: entry cta % n, tiles
  *     cta / n, cta / n + P, ... with P the CTAs of that entry), so that a CTA's downs
- *     share one activation. aff needs grid >= n, or some entry has no CTA.
+ *     share one activation. aff 1 needs grid >= n, or some entry has no CTA.
+ * aff L + 1 (L >= 1): one round-robin list interleaved by entry instead, entry e's
+ * downs right after entry e + L's gate/ups (GU 0, .., GU L, DN 0, GU L + 1, DN 1, ..,
+ * DN n - 1), so that the downs of the first entries decode while the later entries'
+ * gate/up bytes stream. A down of entry e then comes after every gate/up unit of e, and
+ * in a CTA's list only downs of lower entries come before a gate/up unit: with every
+ * CTA resident the kernel's waits for h cannot deadlock (each entry's gate/ups finish
+ * once the lower entries' downs have).
  * Every unit of the list belongs to exactly one CTA (tests/test_fused_plan.c).
  */
 #ifndef SL_FUSED_PLAN_H
@@ -58,6 +65,29 @@ SL_FP_FN int sl_fused_plan_unit(const sl_fused_plan *p, uint32_t k, uint32_t *j,
 {
     const uint64_t u = (uint64_t)p->cta + (uint64_t)k * p->grid;
     if (!p->n) return SL_FP_NONE;
+    if (p->aff >= 2) { /* step i: entry i's gate/ups (i < n), then entry i - L's downs */
+        const uint32_t lag = (uint32_t)p->aff - 1;
+        uint64_t at = 0;
+        for (uint32_t i = 0; i < p->n + lag; i++) {
+            if (i < p->n) {
+                if (u < at + p->tpe) {
+                    *j = i;
+                    *x = (uint32_t)(u - at) * p->tr;
+                    return SL_FP_GATEUP;
+                }
+                at += p->tpe;
+            }
+            if (i >= lag) {
+                if (u < at + p->dpe) {
+                    *j = i - lag;
+                    *x = (uint32_t)(u - at);
+                    return SL_FP_DOWN;
+                }
+                at += p->dpe;
+            }
+        }
+        return SL_FP_NONE;
+    }
     if (p->aff ? k < p->kg : u < p->gu) {
         *j = (uint32_t)(u / p->tpe);
         *x = (uint32_t)(u % p->tpe) * p->tr;

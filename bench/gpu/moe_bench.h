@@ -80,11 +80,11 @@ int mb_ptr_kind(const void *p, int n);
 #define MB_V_S20     2
 #define MB_V_RING    5
 #define MB_V_S9      16
-#define MB_V_S11     51
-#define MB_V_BEFORE  52
-#define MB_V_NBONLY  53
-#define MB_V_SPLONLY 54
-#define MB_V_S24     55
+#define MB_V_S11     53
+#define MB_V_BEFORE  54
+#define MB_V_NBONLY  55
+#define MB_V_SPLONLY 56
+#define MB_V_S24     57
 
 int mb_variant_count(void);
 const char *mb_variant_name(int v);

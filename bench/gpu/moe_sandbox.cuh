@@ -528,13 +528,14 @@ __device__ __forceinline__ void k_fused_tile_done(const sl_kfuse &f, unsigned *t
     if (lane == 0) tiles[t] = 0;
 }
 
-/* The list of each CTA: fused_plan.h (AFF: one expert's downs a CTA, so that each
- * group copies that activation once; else round-robin, a copy into the stage each).
+/* The list of each CTA: fused_plan.h's with aff = AFF (1: one expert's downs a CTA, so
+ * that each group copies that activation once; else round-robin, a copy into the stage
+ * each; 2, 3: round-robin interleaved by expert, the downs one or two experts behind).
  * HELP: each group has a helper warp besides (blockDim NG * (NW + 1) * 32) that takes
  * the unit's outputs from shared memory (two buffers a group, mbarriers full/empty) and
  * publishes them: h with its q8_1 group count, or the down rows with the tile count and
  * sum; so no fence, atomic or global write sits on the compute warps' path. */
-template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool HELP, bool DEV>
+template <int NW, int TR, int ST, int NG, int TD, int AFF, bool HELP, bool DEV>
 __device__ __forceinline__ void
 k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict__ tabp,
                  const sl_kexp &sh, int sh_first, const uint8_t *__restrict__ ximg, uint32_t dim,
@@ -550,7 +551,9 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     /* HELP: each group's two output buffers and their barriers */
     __shared__ float hbuf[HELP ? NG : 1][2][32];
     __shared__ uint64_t hfull[HELP ? NG : 1][2], hempty[HELP ? NG : 1][2];
-    __shared__ int act_ready; /* AFF: gact holds the CTA's expert's activation */
+    static_assert(AFF >= 0 && AFF <= 3, "fused_plan.h's aff: 0 to 3");
+    constexpr bool ONE = AFF == 1; /* one expert's downs a CTA */
+    __shared__ int act_ready;      /* ONE: gact holds the CTA's expert's activation */
     int8_t *aq = (int8_t *)k_smem;
     float *ad = (float *)(aq + dim + dim / 8);
     int *as = (int *)(ad + dim / 32);
@@ -559,7 +562,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     const uint32_t db = inter / 256 * 110, gpe = inter / 32;
     uint64_t *bar = (uint64_t *)(stage + (size_t)ST * sb);
     uint64_t *xbar = bar + ST;
-    /* AFF: the CTA's copy of its expert's activation (codes, then scales) */
+    /* ONE: the CTA's copy of its expert's activation (codes, then scales) */
     int8_t *gact = (int8_t *)(((uintptr_t)(xbar + 1) + 15) & ~(uintptr_t)15);
     const uint32_t tpe = inter / TR, grid = gridDim.x;
     const int lane = threadIdx.x & 31, grp = threadIdx.x / (NW * 32),
@@ -599,7 +602,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
         if (threadIdx.x == 0) *tab_dst = *tabp; /* tab is *tab_dst */
         __syncthreads();
         sl_fused_plan_init(&plan, (uint32_t)tab.n, tpe, dim / TD, TR, grid, blockIdx.x, AFF);
-        if (AFF && grid < (uint32_t)tab.n) __trap(); /* an entry would have no CTA */
+        if (ONE && grid < (uint32_t)tab.n) __trap(); /* an entry would have no CTA */
         rot = sh_first ? (uint32_t)tab.n - 1 : 0;
         if (threadIdx.x == 0)
             for (uint32_t k = 0; k < ST; k++)
@@ -639,7 +642,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
             }
         }
     }
-    int have = -1; /* AFF: the slot whose activation gact holds, as this group knows */
+    int have = -1; /* ONE: the slot whose activation gact holds, as this group knows */
     for (uint32_t k = grp; !(HELP && threadIdx.x >= NG * NW * 32); k += NG) {
         uint32_t j, x;
         const int kind = unit_of(k, j, x);
@@ -666,13 +669,13 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
         }
         const int slot = ex.slot;
         const uint32_t t = x;
-        int8_t *hq = AFF ? gact : (int8_t *)st + TD * db;
+        int8_t *hq = ONE ? gact : (int8_t *)st + TD * db;
         float *hd = (float *)(hq + inter);
-        /* AFF: the CTA's one copy, made by the group of its first down unit (k == kg);
+        /* ONE: the CTA's one copy, made by the group of its first down unit (k == kg);
          * the other groups wait for that group's flag */
-        const bool filler = !AFF || k == plan.kg;
+        const bool filler = !ONE || k == plan.kg;
         if (stamp && threadIdx.x == 0 && !stamp[1]) stamp[1] = k_globaltimer();
-        if (AFF && !filler && have != slot) {
+        if (ONE && !filler && have != slot) {
             if (in == 0)
                 for (uint32_t spin = 0; !*(volatile int *)&act_ready; spin++) {
                     if (spin > (1u << 24)) __trap(); /* seconds */
@@ -681,7 +684,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
             k_group_bar<NW>(grp);
             have = slot;
         }
-        if (filler && (!AFF || have != slot)) { /* wait for the expert's h, copy its q8_1 */
+        if (filler && (!ONE || have != slot)) { /* wait for the expert's h, copy its q8_1 */
             if (in == 0 && !(*(volatile unsigned *)&seen >> slot & 1)) {
                 /* bounded: a broken count traps (a launch error) instead of hanging */
                 for (uint32_t spin = 0; k_ld_acquire(&ready[slot]) < gpe; spin++) {
@@ -696,7 +699,7 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
             for (uint32_t i = in; i < gpe / 4; i += NW * 32)
                 ((int4 *)hd)[i] = __ldcg((const int4 *)(s.hd + (size_t)slot * gpe) + i);
             k_group_bar<NW>(grp);
-            if (AFF && in == 0) {
+            if (ONE && in == 0) {
                 __threadfence_block();
                 *(volatile int *)&act_ready = 1;
             }
@@ -732,22 +735,23 @@ k_moe_fused_body(const sl_ktab &tab, sl_ktab *tab_dst, const sl_ktab *__restrict
     }
 }
 
-/* Dynamic shared memory of the fused kernel (AFF: the CTA's activation besides). */
-inline size_t k_moe_fused_smem(uint32_t dim, uint32_t inter, int tr, int st, bool aff)
+/* Dynamic shared memory of the fused kernel (aff 1: the CTA's activation besides). */
+inline size_t k_moe_fused_smem(uint32_t dim, uint32_t inter, int tr, int st, int aff)
 {
-    return k_gateup_tma_smem(dim, tr, st) + (aff ? (size_t)inter + inter / 32 * 4 : 0);
+    return k_gateup_tma_smem(dim, tr, st) + (aff == 1 ? (size_t)inter + inter / 32 * 4 : 0);
 }
 
-/* Whether a down unit (TD rows, and without AFF its activation after them) fits the
- * stage of a gate/up unit of TR rows: the launcher's check. */
-inline bool k_moe_fused_fits(uint32_t dim, uint32_t inter, int tr, int td, bool aff)
+/* Whether a down unit (TD rows, and its activation after them unless aff is 1) fits
+ * the stage of a gate/up unit of TR rows: the launcher's check. */
+inline bool k_moe_fused_fits(uint32_t dim, uint32_t inter, int tr, int td, int aff)
 {
-    return (size_t)td * (inter / 256 * 110) + (aff ? 0 : inter + inter / 8) <= k_gut_stage(dim, tr);
+    return (size_t)td * (inter / 256 * 110) + (aff == 1 ? 0 : inter + inter / 8) <=
+           k_gut_stage(dim, tr);
 }
 
 /* A bench variant (bench/gpu/moe): its downs are raw GGUF blocks (110 bytes), not the
  * packed ones compute/ keeps in device memory (gpu.h). */
-template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool HELP>
+template <int NW, int TR, int ST, int NG, int TD, int AFF, bool HELP>
 __global__ void __launch_bounds__(NG *(NW + HELP) * 32, 1)
     k_moe_fused_q2q3(const __grid_constant__ sl_ktab tab, const uint8_t *__restrict__ ximg,
                      uint32_t dim, uint32_t inter, float limit,
@@ -758,7 +762,7 @@ __global__ void __launch_bounds__(NG *(NW + HELP) * 32, 1)
 }
 
 /* The same with the table in device memory (k_route_select's, as k_gateup_tma_dev_q2_k). */
-template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool HELP>
+template <int NW, int TR, int ST, int NG, int TD, int AFF, bool HELP>
 __global__ void __launch_bounds__(NG *(NW + HELP) * 32, 1)
     k_moe_fused_dev_q2q3(const sl_ktab *__restrict__ tabp, const uint8_t *__restrict__ ximg,
                          uint32_t dim, uint32_t inter, float limit,

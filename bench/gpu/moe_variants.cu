@@ -242,7 +242,9 @@ enum {
     G_FUSED_4,  /* 4 groups of 4 warps (TR 8, 8 stages, 16 down rows), round-robin */
     G_FUSED_4A,
     G_FUSED_8AH, /* one expert's downs a CTA, a helper warp a group publishes */
-    G_FUSED_4AH
+    G_FUSED_4AH,
+    G_FUSED_8I1, /* round-robin interleaved by expert: downs an expert behind the gate/ups */
+    G_FUSED_8I2  /* ... two experts behind */
 };
 enum dn_form {
     D_RUN4,
@@ -349,6 +351,12 @@ static constexpr variant variants[] = {
      G_FUSED_8AH, D_FUSED, true},
     {"fused gate/up + down, 4x (NW4 + helper) TR8 ST8, down TD16 an expert a CTA, PDL", G_FUSED_4AH,
      D_FUSED, true},
+    {"fused gate/up + down, 2x NW8 TR16 ST4, down TD32 LPR8 round-robin interleaved by expert "
+     "(an expert's downs after the next one's gate/ups), PDL",
+     G_FUSED_8I1, D_FUSED, true},
+    {"fused gate/up + down, 2x NW8 TR16 ST4, down TD32 LPR8 round-robin interleaved by expert "
+     "(an expert's downs two experts behind), PDL",
+     G_FUSED_8I2, D_FUSED, true},
     {"gt 2x NW4 TR8 ST6 (176 KB: one down CTA beside it) + dp LPR4 TD8 ST1, PDL", G_T4x2_8_6,
      D_P4_8_1_1, true},
     {"gt 4x NW4 TR8 ST4 (123 KB) + dp LPR4 TD8 ST1, PDL", G_T4x4_8_4, D_P4_8_1_1, true},
@@ -455,7 +463,7 @@ static cudaError_t gt_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
 }
 
 /* The fused layer kernel (gate/up, q8_1 of h and down in one launch), after x's image. */
-template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool HELP = false>
+template <int NW, int TR, int ST, int NG, int TD, int AFF, bool HELP = false>
 static cudaError_t fu_launch(const mb_io *io, const sl_ktab &tab, const sl_kscratch &s, int n_sm,
                              bool pdl)
 {
@@ -472,18 +480,23 @@ static cudaError_t fu_launch(const mb_io *io, const sl_ktab &tab, const sl_kscra
         if (rc != cudaSuccess) return rc;
         if (!occ) return cudaErrorInvalidConfiguration;
         printf("  [fused %dx NW %d%s TR %d ST %d TD %d%s: %d CTAs/SM, smem %zu]\n", NG, NW,
-               HELP ? " + helper" : "", TR, ST, TD, AFF ? " an expert a CTA" : "", occ, smem);
+               HELP ? " + helper" : "", TR, ST, TD,
+               AFF == 1   ? " an expert a CTA"
+               : AFF == 2 ? " interleaved, downs an expert behind"
+               : AFF == 3 ? " interleaved, downs two experts behind"
+                          : "",
+               occ, smem);
     }
     if (k_gu4_xbytes(io->dim) > 16384) return cudaErrorInvalidValue; /* io->ximg's size */
     cudaError_t rc =
         k_launch(k_quant_x_img, (io->dim / 32 + 7) / 8, 256, 0, 0, pdl, io->x, io->dim, io->ximg);
     if (rc != cudaSuccess) return rc;
-    /* at most what fits at once (the waits need every CTA resident); AFF: one at least
+    /* at most what fits at once (the waits need every CTA resident); AFF 1: one at least
      * for every expert */
     const uint32_t units = (uint32_t)tab.n * (io->inter / TR + io->dim / TD);
     uint32_t grid = (uint32_t)(occ * n_sm);
     if (grid > units) grid = units;
-    if (AFF && grid < (uint32_t)tab.n) return cudaErrorInvalidConfiguration;
+    if (AFF == 1 && grid < (uint32_t)tab.n) return cudaErrorInvalidConfiguration;
     const sl_kfuse f = {io->sync, io->part, NULL, io->out_f32, io->out, tab.n, io->stamps};
     return k_launch(k_moe_fused_q2q3<NW, TR, ST, NG, TD, AFF, HELP>, grid, NG * (NW + HELP) * 32,
                     smem, 0, pdl, tab, (const uint8_t *)io->ximg, io->dim, io->inter, 10.0f, s, f);
@@ -689,17 +702,21 @@ static cudaError_t run_one(int v, const mb_io *io, const mb_set *set, int which,
     cudaError_t rc = cudaSuccess;
     switch (V.gu) {
     case G_FUSED_8:
-        return fu_launch<8, 16, 4, 2, 32, false>(io, tab, s, n_sm, V.pdl);
+        return fu_launch<8, 16, 4, 2, 32, 0>(io, tab, s, n_sm, V.pdl);
     case G_FUSED_8A:
-        return fu_launch<8, 16, 4, 2, 32, true>(io, tab, s, n_sm, V.pdl);
+        return fu_launch<8, 16, 4, 2, 32, 1>(io, tab, s, n_sm, V.pdl);
     case G_FUSED_4:
-        return fu_launch<4, 8, 8, 4, 16, false>(io, tab, s, n_sm, V.pdl);
+        return fu_launch<4, 8, 8, 4, 16, 0>(io, tab, s, n_sm, V.pdl);
     case G_FUSED_4A:
-        return fu_launch<4, 8, 8, 4, 16, true>(io, tab, s, n_sm, V.pdl);
+        return fu_launch<4, 8, 8, 4, 16, 1>(io, tab, s, n_sm, V.pdl);
     case G_FUSED_8AH:
-        return fu_launch<8, 16, 4, 2, 32, true, true>(io, tab, s, n_sm, V.pdl);
+        return fu_launch<8, 16, 4, 2, 32, 1, true>(io, tab, s, n_sm, V.pdl);
     case G_FUSED_4AH:
-        return fu_launch<4, 8, 8, 4, 16, true, true>(io, tab, s, n_sm, V.pdl);
+        return fu_launch<4, 8, 8, 4, 16, 1, true>(io, tab, s, n_sm, V.pdl);
+    case G_FUSED_8I1:
+        return fu_launch<8, 16, 4, 2, 32, 2>(io, tab, s, n_sm, V.pdl);
+    case G_FUSED_8I2:
+        return fu_launch<8, 16, 4, 2, 32, 3>(io, tab, s, n_sm, V.pdl);
     default:
         break;
     }
@@ -852,7 +869,7 @@ static float *fl_logits;
 static sl_kroute *fl_route;
 static sl_ktab *fl_tab;
 
-template <int NW, int TR, int ST, int NG, int TD, bool AFF, bool HELP>
+template <int NW, int TR, int ST, int NG, int TD, int AFF, bool HELP>
 static cudaError_t fl_queue(const mb_layer *L, int it, int n_sm)
 {
     const mb_io *io = &L->io;
@@ -899,17 +916,21 @@ static cudaError_t fl_one(int v, const mb_layer *L, int it, int n_sm)
 {
     switch (variants[v].gu) {
     case G_FUSED_8:
-        return fl_queue<8, 16, 4, 2, 32, false, false>(L, it, n_sm);
+        return fl_queue<8, 16, 4, 2, 32, 0, false>(L, it, n_sm);
     case G_FUSED_8A:
-        return fl_queue<8, 16, 4, 2, 32, true, false>(L, it, n_sm);
+        return fl_queue<8, 16, 4, 2, 32, 1, false>(L, it, n_sm);
     case G_FUSED_4:
-        return fl_queue<4, 8, 8, 4, 16, false, false>(L, it, n_sm);
+        return fl_queue<4, 8, 8, 4, 16, 0, false>(L, it, n_sm);
     case G_FUSED_4A:
-        return fl_queue<4, 8, 8, 4, 16, true, false>(L, it, n_sm);
+        return fl_queue<4, 8, 8, 4, 16, 1, false>(L, it, n_sm);
     case G_FUSED_8AH:
-        return fl_queue<8, 16, 4, 2, 32, true, true>(L, it, n_sm);
+        return fl_queue<8, 16, 4, 2, 32, 1, true>(L, it, n_sm);
     case G_FUSED_4AH:
-        return fl_queue<4, 8, 8, 4, 16, true, true>(L, it, n_sm);
+        return fl_queue<4, 8, 8, 4, 16, 1, true>(L, it, n_sm);
+    case G_FUSED_8I1:
+        return fl_queue<8, 16, 4, 2, 32, 2, false>(L, it, n_sm);
+    case G_FUSED_8I2:
+        return fl_queue<8, 16, 4, 2, 32, 3, false>(L, it, n_sm);
     default:
         return cudaErrorInvalidValue;
     }
