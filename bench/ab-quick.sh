@@ -7,8 +7,9 @@
 # norm inside the router (us, back to back), the layer gate/up's first entry to last
 # end, and in the norm layer's timeline the router's wait to x in shared memory, the
 # selection's wait to its table in cycles, the table's publication, the gate/up's end
-# (median / last) and the down's last end (us after the router's first entry), and its
-# gate/up's group leaders' time queueing refills. Their tables stay in
+# (median / last) and the down's last end (us after the router's first entry), the
+# down's first CTA past its wait (us after the table: set by the bytes since the table,
+# session 35), and its gate/up's group leaders' time queueing refills. Their tables stay in
 # OUT_DIR/q-NAME-RUN.md.
 # usage: bench/ab-quick.sh BUILD_DIR OUT_DIR NAME...
 set -u
@@ -45,6 +46,7 @@ for i in 1 2; do
              s && /^\| router \| x in shared memory/ && !x { x = $0; split(x, b, "|"); xt = b[5] }
              s && /^\| selection \| table published/ && !tp { tp = 1; split($0, d, "|"); tb = d[5] }
              s && /^\| gate\/up \| end/ && !ge { ge = 1; split($0, g, "|"); gm = g[5]; gl = g[6] }
+             s && /^\| down \| past its wait/ && !dw { dw = 1; split($0, v, "|"); dwt = v[4] }
              s && /^\| down \| end/ && !de { de = 1; split($0, h, "|"); dl = h[6] }
              s && /^The selection.s steps after its wait/ && !c {
                  c = 1; n = 0; t = 0; line = $0
@@ -57,7 +59,8 @@ for i in 1 2; do
                    if (c) printf ", selection %d cycles wait to table", t
                    if (tp && ge && de)
                        printf " | table %.2f, gate/up end %.2f / %.2f, down last %.2f us", tb, gm,
-                              gl, dl }' "$f"
+                              gl, dl
+                   if (tp && dw) printf ", down past its wait %.2f after the table", dwt - tb }' "$f"
         # the norm layer's gate/up: its group leaders' time queueing refills (median)
         awk '/^Milestones of the device-routed layer.s gate\/up \(6 experts and the shared one, the norm inside the router\)/ { s = 1 }
              s && /^Refills queued/ { match($0, /median [0-9.]+ us in [0-9]+ refills/)
