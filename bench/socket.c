@@ -234,6 +234,22 @@ static void measure(const transport *t, int spin, int cpu_echo, int cpu_me, int 
     free(rtt);
 }
 
+/* Two CPU numbers "X,Y" of option opt (--pin, --io) into *x, *y; 0, or 2 after the
+ * message (names: how the usage spells them, "A,B"). */
+static int cpu_pair(const char *opt, const char *names, const char *arg, int *x, int *y)
+{
+    if (sscanf(arg, "%d,%d", x, y) != 2 || *x < 0 || *y < 0) {
+        fprintf(stderr, "bench-socket: %s wants %s (two CPU numbers)\n", opt, names);
+        return 2;
+    }
+    sl_err err = {0};
+    if (sl_affinity_check(*x, &err) || sl_affinity_check(*y, &err)) {
+        fprintf(stderr, "bench-socket: %s: %s\n", opt, err.msg);
+        return 2;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     uint32_t samples = 20000;
@@ -249,25 +265,9 @@ int main(int argc, char **argv)
             }
             samples = (uint32_t)v;
         } else if (!strcmp(argv[i], "--pin") && i + 1 < argc) {
-            if (sscanf(argv[++i], "%d,%d", &cpu_a, &cpu_b) != 2 || cpu_a < 0 || cpu_b < 0) {
-                fprintf(stderr, "bench-socket: --pin wants A,B (two CPU numbers)\n");
-                return 2;
-            }
-            sl_err err = {0};
-            if (sl_affinity_check(cpu_a, &err) || sl_affinity_check(cpu_b, &err)) {
-                fprintf(stderr, "bench-socket: --pin: %s\n", err.msg);
-                return 2;
-            }
+            if (cpu_pair("--pin", "A,B", argv[++i], &cpu_a, &cpu_b)) return 2;
         } else if (!strcmp(argv[i], "--io") && i + 1 < argc) {
-            if (sscanf(argv[++i], "%d,%d", &io_c, &io_d) != 2 || io_c < 0 || io_d < 0) {
-                fprintf(stderr, "bench-socket: --io wants C,D (two CPU numbers)\n");
-                return 2;
-            }
-            sl_err err = {0};
-            if (sl_affinity_check(io_c, &err) || sl_affinity_check(io_d, &err)) {
-                fprintf(stderr, "bench-socket: --io: %s\n", err.msg);
-                return 2;
-            }
+            if (cpu_pair("--io", "C,D", argv[++i], &io_c, &io_d)) return 2;
         } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
             out = argv[++i];
         } else {
