@@ -182,6 +182,10 @@ static int route_layer(sl_gpu_ctx *c, int form, int it, const uint16_t *x, const
     return sl_gpu_route_start_norm(c, &nm, nx, rw, NULL, t0d, r, err);
 }
 
+/* The longest phase row: a variant's name and its five figures (160 bytes cut the
+ * interleaved variants' rows, newline included, in session 36's first run). */
+enum { PHASE_ROW = 400 };
+
 /* One table row of a fused launch's phases from its stamps (sl_kfuse.stamps). */
 static void fused_phases(const unsigned long long *st, const char *name, char *row, size_t cap)
 {
@@ -584,7 +588,7 @@ static void routed_row(const routed_ctx *r, int v, char *phases)
         us[2], gbs, gbs / r->hbm, gbs / r->own, exact ? "bit-exact" : "DIFFERS");
     if (phases) {
         if (sl_gpu_download(r->c, stamps, r->io->stamps, sizeof stamps, &err)) DIE("%s", err.msg);
-        fused_phases(stamps, mb_variant_name(v), phases, 160);
+        fused_phases(stamps, mb_variant_name(v), phases, PHASE_ROW);
     }
 }
 
@@ -1192,7 +1196,7 @@ int main(int argc, char **argv)
             "GB/s | down us | GB/s | both us | GB/s | x ceiling | x own-size | vs emulation "
             "|\n|---|---|---|---|---|---|---|---|---|---|\n");
         {
-            char phases[16][160];
+            char phases[16][PHASE_ROW];
             int n_phases = 0;
             for (int v = 0; v < mb_variant_count(); v++)
                 if (mb_variant_fused(v) && n_phases < 16) routed_row(&rc_, v, phases[n_phases++]);
