@@ -67,9 +67,9 @@ run() {
 }
 # Each cold start gets its own ceilings, measured just before it, and the warm runs one
 # set after them: the GPU box's virtual disk reads at 1.2-2.2 GB/s from one call to the
-# next (bench-ceilings takes the best of three queue depths; 16 threads alone were
-# beaten by the fetcher by 30-40%, and the fetcher still reads 3-17% faster than this
-# ceiling: bench/results/2026-12-03-s35-experiments.md, calls 2 and 5-7).
+# next (bench-ceilings takes the best of six queue depths, 2 to 64 threads: 16 threads
+# alone were beaten by the fetcher by 30-40%, and 16-64 by 3-17%,
+# bench/results/2026-12-03-s35-experiments.md, calls 2 and 5-7).
 for routing in uniform zipf:1.0; do
     start_fetcher
     [ -n "${SKIP_COLD:-}" ] && continue

@@ -5,8 +5,8 @@
  *   hbm   a kernel reading 2 GiB of device memory with 16-byte loads;
  *   copy  cudaMemcpy from a registered POSIX shm mapping (what the arena is) to the GPU;
  *   zc    a kernel reading that mapping in place (zero-copy);
- *   disk  O_DIRECT preads of expert windows straight from the shards, the best of 16, 32
- *         and 64 threads (disk_ceiling.h).
+ *   disk  O_DIRECT preads of expert windows straight from the shards, the best of 2, 4,
+ *         ... 64 threads (disk_ceiling.h).
  *
  * The last line of its output is the --ceilings argument, in GB/s.
  */
@@ -112,7 +112,7 @@ int main(int argc, char **argv)
             "| hbm | %.0f | kernel reading 2 GiB of device memory, 16-byte loads, best of 5 |\n"
             "| copy | %.1f | cudaMemcpy from a registered 1 GiB POSIX shm mapping, best of 3 |\n"
             "| zc | %.1f | kernel reading that mapping in place, best of 3 |\n"
-            "| disk | %.2f | O_DIRECT expert windows, best of 16/32/64 threads (%u), %u experts "
+            "| disk | %.2f | O_DIRECT expert windows, best of 2-64 threads (%u), %u experts "
             "from %u, stride %u (%.2f GB) |\n\n",
             desc, hbm / 1e9, copy / 1e9, zc / 1e9, disk / 1e9, threads, disk_experts, disk_first,
             disk_stride, (double)disk_bytes / 1e9);
