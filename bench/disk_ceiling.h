@@ -96,21 +96,24 @@ static double sl_bench_disk_ceiling(const sl_gguf *g, const sl_expert_map *m, ui
     return (double)j.bytes / ((double)dt / 1e9);
 }
 
+/* The thread counts of sl_bench_disk_best's runs, in order. */
+#define SL_BENCH_DISK_DEPTHS 6
+static const uint32_t sl_bench_disk_depth[SL_BENCH_DISK_DEPTHS] = {2, 4, 8, 16, 32, 64};
+
 /* The disk's ceiling is its best rate at any queue depth: the count experts first,
  * first + stride, ... split into SL_BENCH_DISK_DEPTHS runs of consecutive ones, read
  * with 2, 4, ... 64 threads (each expert once, so no read finds the bytes of another in
- * a cache); the best rate, its thread count in *threads_out and the bytes of all runs
- * in *bytes_out. A read is a whole expert window (megabytes), so 2 threads already keep
- * a disk busy; with 16 threads alone the fetcher beat this "ceiling" by 30-40% on the
- * GPU box's virtual disk, and with 16, 32 and 64 by 3-17% (session 35), when its cold
- * starts keep about a layer's misses (6) in flight: the shallow depths are measured
- * since session 36. */
-#define SL_BENCH_DISK_DEPTHS 6
+ * a cache); the best rate, its thread count in *threads_out, the bytes of all runs
+ * in *bytes_out and, when rates is not NULL, each run's rate (B/s) in rates. A read is a whole
+ * expert window (megabytes), so 2 threads already keep a disk busy; with 16 threads alone the
+ * fetcher beat this "ceiling" by 30-40% on the GPU box's virtual disk, and with 16, 32 and 64 by
+ * 3-17% (session 35), when its cold starts keep about a layer's misses (6) in flight: the shallow
+ * depths are measured since session 36. */
 static double sl_bench_disk_best(const sl_gguf *g, const sl_expert_map *m, uint32_t first,
                                  uint32_t stride, uint32_t count, uint64_t *bytes_out,
-                                 uint32_t *threads_out)
+                                 uint32_t *threads_out, double *rates)
 {
-    static const uint32_t depth[SL_BENCH_DISK_DEPTHS] = {2, 4, 8, 16, 32, 64};
+    const uint32_t *depth = sl_bench_disk_depth;
     double best = 0.0;
     *bytes_out = 0;
     *threads_out = depth[0];
@@ -121,6 +124,7 @@ static double sl_bench_disk_best(const sl_gguf *g, const sl_expert_map *m, uint3
         const double r =
             sl_bench_disk_ceiling(g, m, depth[k], first + a * stride, stride, b - a, &bytes);
         *bytes_out += bytes;
+        if (rates) rates[k] = r;
         if (r > best) {
             best = r;
             *threads_out = depth[k];

@@ -247,7 +247,7 @@ int main(int argc, char **argv)
      * of six queue depths. */
     uint32_t half = n_all / 2, ceil_threads = 0;
     uint64_t ceil_bytes = 0;
-    double ceiling = sl_bench_disk_best(g, m, 0, 1, half, &ceil_bytes, &ceil_threads);
+    double ceiling = sl_bench_disk_best(g, m, 0, 1, half, &ceil_bytes, &ceil_threads, NULL);
     printf("ceiling: raw O_DIRECT pread, best at %u threads, %u experts: %.3f GB/s\n", ceil_threads,
            half, ceiling / 1e9);
 

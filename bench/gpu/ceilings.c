@@ -98,8 +98,14 @@ int main(int argc, char **argv)
     const uint32_t fit = (n_all - disk_first + disk_stride - 1) / disk_stride; /* in range */
     if (disk_experts > fit) disk_experts = fit;
     uint64_t disk_bytes = 0;
-    double disk =
-        sl_bench_disk_best(g, m, disk_first, disk_stride, disk_experts, &disk_bytes, &threads);
+    double by_depth[SL_BENCH_DISK_DEPTHS];
+    double disk = sl_bench_disk_best(g, m, disk_first, disk_stride, disk_experts, &disk_bytes,
+                                     &threads, by_depth);
+    char depths[256];
+    int at = 0;
+    for (int k = 0; k < SL_BENCH_DISK_DEPTHS && at < (int)sizeof depths; k++)
+        at += snprintf(depths + at, sizeof depths - (size_t)at, "%s%u: %.2f", k ? ", " : "",
+                       sl_bench_disk_depth[k], by_depth[k] / 1e9);
 
     FILE *out = out_path ? fopen(out_path, "w") : NULL;
     FILE *fs[2] = {stdout, out};
@@ -113,9 +119,10 @@ int main(int argc, char **argv)
             "| copy | %.1f | cudaMemcpy from a registered 1 GiB POSIX shm mapping, best of 3 |\n"
             "| zc | %.1f | kernel reading that mapping in place, best of 3 |\n"
             "| disk | %.2f | O_DIRECT expert windows, best of 2-64 threads (%u), %u experts "
-            "from %u, stride %u (%.2f GB) |\n\n",
+            "from %u, stride %u (%.2f GB) |\n\nThe disk by threads (GB/s, a run of experts "
+            "each): %s\n\n",
             desc, hbm / 1e9, copy / 1e9, zc / 1e9, disk / 1e9, threads, disk_experts, disk_first,
-            disk_stride, (double)disk_bytes / 1e9);
+            disk_stride, (double)disk_bytes / 1e9, depths);
     }
     if (out) fclose(out);
     printf("--ceilings hbm=%.0f,copy=%.1f,zc=%.1f,disk=%.2f\n", hbm / 1e9, copy / 1e9, zc / 1e9,
