@@ -23,6 +23,7 @@
 #include "expert_map.h"
 #include "gguf.h"
 #include "gpu.h"
+#include "opts.h"
 
 static void die(const char *what, const sl_err *e)
 {
@@ -34,15 +35,21 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *out_path = NULL;
     uint32_t disk_experts = 384, disk_first = 0, disk_stride = 1, threads = 0;
+    sl_err err = {0};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc)
+        /* the disk's flags: whole numbers (the stride and count from 1), or one clear error */
+        uint32_t *num = !strcmp(argv[i], "--disk-experts")  ? &disk_experts
+                        : !strcmp(argv[i], "--disk-first")  ? &disk_first
+                        : !strcmp(argv[i], "--disk-stride") ? &disk_stride
+                                                            : NULL;
+        if (num && i + 1 < argc) {
+            uint64_t v = 0;
+            if (sl_opt_u64(argv[i], argv[i + 1], num == &disk_first ? 0 : 1, UINT32_MAX, &v, &err))
+                die("bad flag", &err);
+            *num = (uint32_t)v;
+            i++;
+        } else if (!strcmp(argv[i], "-m") && i + 1 < argc)
             model = argv[++i];
-        else if (!strcmp(argv[i], "--disk-experts") && i + 1 < argc)
-            disk_experts = (uint32_t)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--disk-first") && i + 1 < argc)
-            disk_first = (uint32_t)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--disk-stride") && i + 1 < argc)
-            disk_stride = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "-o") && i + 1 < argc)
             out_path = argv[++i];
         else {
@@ -57,7 +64,6 @@ int main(int argc, char **argv)
         }
     }
     if (!model) die("-m FIRST_SHARD is required", NULL);
-    sl_err err = {0};
     int n_gpu = 0;
     if (sl_gpu_device_count(&n_gpu, &err)) die("CUDA", &err);
     if (!n_gpu) die("no GPU", NULL);
@@ -94,7 +100,6 @@ int main(int argc, char **argv)
     if (sl_expert_map_build(&m, g, SL_SLOT_ALIGN, &err)) die("expert map", &err);
     uint32_t n_all = m->n_layer * m->n_expert;
     if (disk_first >= n_all) disk_first = 0;
-    if (disk_stride == 0) disk_stride = 1;
     const uint32_t fit = (n_all - disk_first + disk_stride - 1) / disk_stride; /* in range */
     if (disk_experts > fit) disk_experts = fit;
     uint64_t disk_bytes = 0;
