@@ -25,9 +25,17 @@
 #include "gpu.h"
 #include "opts.h"
 
+/* One clear error and exit: e's message, or errno's after a failed system call. */
 static void die(const char *what, const sl_err *e)
 {
     fprintf(stderr, "bench-ceilings: %s: %s\n", what, e ? e->msg : strerror(errno));
+    exit(1);
+}
+
+/* The same for a failure that is neither (no errno to print). */
+static void fail(const char *what)
+{
+    fprintf(stderr, "bench-ceilings: %s\n", what);
     exit(1);
 }
 
@@ -63,10 +71,10 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!model) die("-m FIRST_SHARD is required", NULL);
+    if (!model) fail("-m FIRST_SHARD is required");
     int n_gpu = 0;
     if (sl_gpu_device_count(&n_gpu, &err)) die("CUDA", &err);
-    if (!n_gpu) die("no GPU", NULL);
+    if (!n_gpu) fail("no GPU");
     char desc[256];
     if (sl_gpu_describe(0, desc, sizeof desc, &err)) die("describe", &err);
 
@@ -90,7 +98,7 @@ int main(int argc, char **argv)
     unsigned sum = 0;
     if (sl_gpu_ceiling_host(0, host, host_bytes, &copy, &zc, &sum, &err))
         die("host ceilings", &err);
-    if (sum != sl_gpu_read_xor_cpu(host, host_bytes)) die("zero-copy read checksum mismatch", NULL);
+    if (sum != sl_gpu_read_xor_cpu(host, host_bytes)) fail("zero-copy read checksum mismatch");
     sl_gpu_host_unregister(host, NULL);
     munmap(host, host_bytes);
 
