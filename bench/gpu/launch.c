@@ -7,7 +7,9 @@
  * bulk copies when every CTA asks for its first stages at once (lb_wave: the wait for
  * the first bytes and the queueing thread's stall, by the bytes asked); then each SM's
  * share of a read by every SM at once, by plain loads or bulk copies (lb_smread: how
- * far apart the SMs end, and whether the same SMs are slow launch after launch).
+ * far apart the SMs end, and whether the same SMs are slow launch after launch); then
+ * the bulk copies' read rate by their size and the bytes an SM keeps in flight, and by
+ * the bytes each SM reads (session 37).
  *
  * usage: bench-launch [-o FILE.md] [--n N (2000)]
  */
@@ -202,7 +204,7 @@ static int smread_table(FILE *md)
     for (size_t s = 0; !rc && s < 2 * NS; s++) { /* plain loads, then bulk copies */
         char msg[256] = "";
         int n = 0;
-        if (lb_smread(sizes[s % NS], s >= NS, REPS, cap, sm, end, dur, &n, msg)) {
+        if (lb_smread(sizes[s % NS], s >= NS, 0, 0, REPS, cap, sm, end, dur, &n, msg)) {
             fprintf(stderr, "bench-launch: %s\n", msg);
             rc = 1;
             break;
@@ -262,6 +264,102 @@ static int smread_table(FILE *md)
     return rc;
 }
 
+enum { BR_REPS = 12 }; /* launches a cell of the bulk-copy rate tables */
+
+/* *gbps: the median over BR_REPS launches of lb_smread's bulk form (every SM reads `bytes`
+ * by copies of `chunk`, `stages` in flight) of every SM's bytes over the last SM's end. */
+static int bulk_rate(uint32_t bytes, uint32_t chunk, uint32_t stages, double *gbps)
+{
+    const size_t cap = (size_t)BR_REPS * 1024;
+    int *sm = malloc(sizeof *sm * cap), n = 0, rc = 0;
+    double *end = malloc(sizeof *end * cap), *dur = malloc(sizeof *dur * cap);
+    char msg[256] = "";
+    if (!sm || !end || !dur) {
+        fprintf(stderr, "bench-launch: out of memory\n");
+        rc = 1;
+    } else if (lb_smread(bytes, 1, chunk, stages, BR_REPS, cap, sm, end, dur, &n, msg)) {
+        fprintf(stderr, "bench-launch: %s\n", msg);
+        rc = 1;
+    } else {
+        double gb[BR_REPS], q[4];
+        for (int r = 0; r < BR_REPS; r++) {
+            double last = 0;
+            for (int k = 0; k < n; k++)
+                if (end[(size_t)r * n + k] > last) last = end[(size_t)r * n + k];
+            gb[r] = last > 0 ? (double)n * bytes / (last * 1e3) : 0;
+        }
+        quantiles(gb, BR_REPS, q);
+        *gbps = q[1];
+    }
+    free(sm);
+    free(end);
+    free(dur);
+    return rc;
+}
+
+/* The read rate of bulk copies by their size and the bytes each SM keeps in flight: one
+ * CTA on every SM reads 420 KB (the layer's gate/up on an SM of 16 units of 26.9 KB) of
+ * its own span, copies of 2688 bytes (a unit's gate or up part of 4 blocks of 8 rows) to
+ * 52.5 KB (two units), 53-210 KB in flight (as many whole copies as fit). What it shows:
+ * whether small copies or more bytes in flight cost read rate by themselves. */
+static int bulkrate_table(FILE *md)
+{
+    enum { NC = 7, NF = 4 };
+    static const uint32_t chunks[NC] = {2688, 5376, 13440, 16384, 26880, 32768, 53760};
+    static const uint32_t flight[NF] = {53760, 107520, 161280, 215040};
+    const uint32_t bytes = 16 * 26880;
+    char line[1024];
+    snprintf(line, sizeof line,
+             "\nBulk-copy read rate by copy size and bytes in flight an SM: one CTA on every SM "
+             "reads %u KB of its own span (bytes L2 does not hold) by copies of one size, a "
+             "fixed count of them in flight (one thread queues the next as one lands); GB/s of "
+             "the median of %d launches (every SM's bytes over the last SM's end):\n\n| copy "
+             "bytes | 53 KB in flight | 105 KB | 158 KB | 210 KB |\n|---|---|---|---|---|\n",
+             bytes / 1024, BR_REPS);
+    bm_put(md, line);
+    for (int c = 0; c < NC; c++) {
+        int at = snprintf(line, sizeof line, "| %u |", chunks[c]);
+        for (int f = 0; f < NF; f++) {
+            double gb = 0;
+            if (chunks[c] > flight[f]) { /* not one copy in flight */
+                at += snprintf(line + at, sizeof line - (size_t)at, " - |");
+                continue;
+            }
+            if (bulk_rate(bytes, chunks[c], flight[f] / chunks[c], &gb)) return 1;
+            at += snprintf(line + at, sizeof line - (size_t)at, " %.0f |", gb);
+        }
+        snprintf(line + at, sizeof line - (size_t)at, "\n");
+        bm_put(md, line);
+    }
+    return 0;
+}
+
+/* The same read rate by the bytes an SM reads, for two copy sizes: each SM's span starts
+ * that many bytes after the one before, so this also moves where the SMs' reads fall in
+ * the memory's address interleave at each moment. */
+static int stride_table(FILE *md)
+{
+    enum { NB = 8 };
+    static const uint32_t per_sm[NB] = {360448, 393216, 401408, 409600,
+                                        417792, 425984, 430080, 524288};
+    char line[1024];
+    snprintf(line, sizeof line,
+             "\nThe same by the bytes each SM reads (its span's start is that far from the one "
+             "before), 32 KB copies 6 in flight and 13440-byte copies 16 in flight; GB/s of the "
+             "median of %d launches:\n\n| KB an SM | 4 KB pages | 32768 x 6 | 13440 x 16 |\n"
+             "|---|---|---|---|\n",
+             BR_REPS);
+    bm_put(md, line);
+    for (int b = 0; b < NB; b++) {
+        double g32 = 0, g13 = 0;
+        if (bulk_rate(per_sm[b], 32768, 6, &g32) || bulk_rate(per_sm[b], 13440, 16, &g13)) return 1;
+        snprintf(line, sizeof line, "| %u | %u | %.0f | %.0f |\n", per_sm[b] / 1024,
+                 per_sm[b] / 4096, g32, g13);
+        bm_put(md, line);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int n;
@@ -293,7 +391,9 @@ int main(int argc, char **argv)
                          pdl ? "yes" : "no", carve < 0 ? "driver's" : "100% shared", us);
                 bm_put(md, line);
             }
-    if (handoff_table(md) || wave_table(md) || smread_table(md)) return 1;
+    if (handoff_table(md) || wave_table(md) || smread_table(md) || bulkrate_table(md) ||
+        stride_table(md))
+        return 1;
     if (md) fclose(md);
     return 0;
 }

@@ -45,12 +45,12 @@ int lb_wave(int per_sm, int ncopy, uint32_t bytes, int first, int reps, size_t c
 
 /* Each SM's share of a read by every SM at once (launch_smread.cu): one CTA on every SM
  * reads `bytes` (a multiple of 16) of its own span (bytes L2 does not hold) with 16-byte
- * loads by 1024 threads (bulk 0) or with bulk copies, six 32 KB stages in flight (bulk
- * 1); reps launches. For launch r and CTA c, at [r * *n_sm + c] of the caller's arrays
- * (cap entries): sm, its SM; end, us from the launch's first start to its end; dur, us
- * from its own start to its end. */
-int lb_smread(uint32_t bytes, int bulk, int reps, size_t cap, int *sm, double *end, double *dur,
-              int *n_sm, char *msg);
+ * loads by 1024 threads (bulk 0) or with bulk copies of `chunk` bytes (a multiple of 16),
+ * `stages` of them in flight (bulk 1; 0, 0: six of 32 KB); reps launches. For launch r
+ * and CTA c, at [r * *n_sm + c] of the caller's arrays (cap entries): sm, its SM; end,
+ * us from the launch's first start to its end; dur, us from its own start to its end. */
+int lb_smread(uint32_t bytes, int bulk, uint32_t chunk, uint32_t stages, int reps, size_t cap,
+              int *sm, double *end, double *dur, int *n_sm, char *msg);
 
 #ifdef __cplusplus
 }

@@ -51,31 +51,32 @@ __global__ void __launch_bounds__(1024)
 }
 
 enum { SR_STAGES = 6, SR_CHUNK = 32768 }; /* the bulk form's ring: 192 KB in flight an SM */
+enum { SR_WARM = 3 }; /* launches before the kept ones */
 
-/* The same read as bulk copies (the MoE kernels' way): thread 0 keeps SR_STAGES copies of
- * SR_CHUNK bytes (the last one shorter) in flight into a ring of shared memory, queueing
- * each next one as a stage lands; out as k_smread's. */
-__global__ void k_smread_bulk(const uint8_t *src, uint32_t bytes, unsigned long long *out)
+/* The same read as bulk copies (the MoE kernels' way): thread 0 keeps `stages` copies of
+ * `chunk` bytes (the last one shorter; both multiples of 16) in flight into a ring of
+ * shared memory, queueing each next one as a stage lands; out as k_smread's. */
+__global__ void k_smread_bulk(const uint8_t *src, uint32_t bytes, uint32_t chunk, uint32_t stages,
+                              unsigned long long *out)
 {
     extern __shared__ int4 k_smem[];
     uint8_t *ring = (uint8_t *)k_smem;
-    uint64_t *bar = (uint64_t *)(ring + (size_t)SR_STAGES * SR_CHUNK);
+    uint64_t *bar = (uint64_t *)(ring + (size_t)stages * chunk);
     if (threadIdx.x != 0) return;
     const unsigned long long t0 = k_globaltimer();
-    for (int k = 0; k < SR_STAGES; k++) k_mbar_init(bar + k, 1);
+    for (uint32_t k = 0; k < stages; k++) k_mbar_init(bar + k, 1);
     k_mbar_fence_init();
     const uint8_t *p = src + (size_t)blockIdx.x * bytes;
-    const uint32_t n = (bytes + SR_CHUNK - 1) / SR_CHUNK;
+    const uint32_t n = (bytes + chunk - 1) / chunk;
     auto queue = [&](uint32_t i) {
-        const uint32_t len = bytes - i * SR_CHUNK < SR_CHUNK ? bytes - i * SR_CHUNK : SR_CHUNK;
-        k_mbar_expect(bar + i % SR_STAGES, len);
-        k_bulk(ring + (size_t)(i % SR_STAGES) * SR_CHUNK, p + (size_t)i * SR_CHUNK, len,
-               bar + i % SR_STAGES);
+        const uint32_t len = bytes - i * chunk < chunk ? bytes - i * chunk : chunk;
+        k_mbar_expect(bar + i % stages, len);
+        k_bulk(ring + (size_t)(i % stages) * chunk, p + (size_t)i * chunk, len, bar + i % stages);
     };
-    for (uint32_t i = 0; i < n && i < SR_STAGES; i++) queue(i);
+    for (uint32_t i = 0; i < n && i < stages; i++) queue(i);
     for (uint32_t i = 0; i < n; i++) {
-        k_mbar_wait(bar + i % SR_STAGES, (i / SR_STAGES) & 1);
-        if (i + SR_STAGES < n) queue(i + SR_STAGES);
+        k_mbar_wait(bar + i % stages, (i / stages) & 1);
+        if (i + stages < n) queue(i + stages);
     }
     unsigned long long *o = out + 3 * (size_t)blockIdx.x;
     o[0] = t0;
@@ -86,11 +87,14 @@ __global__ void k_smread_bulk(const uint8_t *src, uint32_t bytes, unsigned long 
 } // namespace
 
 /* lb_smread's body; the buffers are the caller's, freed by it. */
-static int smread(uint32_t bytes, int bulk, int reps, size_t cap, int *sm, double *end, double *dur,
-                  int *n_sm, char *msg, uint8_t **src, unsigned **sink, unsigned long long **out)
+static int smread(uint32_t bytes, int bulk, uint32_t chunk, uint32_t stages, int reps, size_t cap,
+                  int *sm, double *end, double *dur, int *n_sm, char *msg, uint8_t **src,
+                  unsigned **sink, unsigned long long **out)
 {
-    if (bytes == 0 || bytes % 16 || reps < 1) {
-        snprintf(msg, 256, "lb_smread: bytes %u reps %d", bytes, reps);
+    if (!chunk) chunk = SR_CHUNK;
+    if (!stages) stages = SR_STAGES;
+    if (bytes == 0 || bytes % 16 || reps < 1 || chunk % 16) {
+        snprintf(msg, 256, "lb_smread: bytes %u chunk %u reps %d", bytes, chunk, reps);
         return -1;
     }
     int dev = 0, grid = 0, max_smem = 0;
@@ -104,7 +108,7 @@ static int smread(uint32_t bytes, int bulk, int reps, size_t cap, int *sm, doubl
     }
     /* more than half an SM's shared memory a CTA: one CTA an SM, so one on every SM (and
      * room for the bulk form's ring and barriers) */
-    const size_t ring = (size_t)SR_STAGES * SR_CHUNK + 8 * SR_STAGES;
+    const size_t ring = (size_t)stages * chunk + 8 * (size_t)stages;
     if (ring > (size_t)max_smem) {
         snprintf(msg, 256, "lb_smread: a ring of %zu bytes past %d", ring, max_smem);
         return -1;
@@ -132,10 +136,10 @@ static int smread(uint32_t bytes, int bulk, int reps, size_t cap, int *sm, doubl
         snprintf(msg, 256, "lb_smread: out of memory");
         return -1;
     }
-    for (int r = -3; r < reps; r++) { /* r < 0: warm-up launches, not kept */
-        const size_t at = (size_t)((r + 3) % nspan) * span;
+    for (int r = -SR_WARM; r < reps; r++) { /* r < 0: warm-up launches, not kept */
+        const size_t at = (size_t)((r + SR_WARM) % nspan) * span;
         if (bulk)
-            k_smread_bulk<<<grid, threads, smem>>>(*src + at, bytes, *out);
+            k_smread_bulk<<<grid, threads, smem>>>(*src + at, bytes, chunk, stages, *out);
         else
             k_smread<<<grid, threads, smem>>>((const int4 *)(*src + at), bytes / 16, *sink, *out);
         cudaError_t rc = cudaGetLastError();
@@ -163,13 +167,14 @@ static int smread(uint32_t bytes, int bulk, int reps, size_t cap, int *sm, doubl
     return 0;
 }
 
-extern "C" int lb_smread(uint32_t bytes, int bulk, int reps, size_t cap, int *sm, double *end,
-                         double *dur, int *n_sm, char *msg)
+extern "C" int lb_smread(uint32_t bytes, int bulk, uint32_t chunk, uint32_t stages, int reps,
+                         size_t cap, int *sm, double *end, double *dur, int *n_sm, char *msg)
 {
     uint8_t *src = NULL;
     unsigned *sink = NULL;
     unsigned long long *out = NULL;
-    const int rc = smread(bytes, bulk, reps, cap, sm, end, dur, n_sm, msg, &src, &sink, &out);
+    const int rc =
+        smread(bytes, bulk, chunk, stages, reps, cap, sm, end, dur, n_sm, msg, &src, &sink, &out);
     cudaFree(src);
     cudaFree(sink);
     cudaFree(out);
