@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(1024)
 }
 
 enum { SR_STAGES = 6, SR_CHUNK = 32768 }; /* the bulk form's ring: 192 KB in flight an SM */
-enum { SR_WARM = 3 }; /* launches before the kept ones */
+enum { SR_WARM = 3 };                     /* launches before the kept ones */
 
 /* The same read as bulk copies (the MoE kernels' way): thread 0 keeps `stages` copies of
  * `chunk` bytes (the last one shorter; both multiples of 16) in flight into a ring of
